@@ -84,7 +84,9 @@ system_clock_source::~system_clock_source() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-time_point system_clock_source::now() const noexcept { return std::chrono::system_clock::now(); }
+time_point system_clock_source::now() const noexcept {
+  return std::chrono::system_clock::now();
+}
 
 timer_id system_clock_source::call_at(time_point at, std::function<void()> fn) {
   std::lock_guard lock(impl_->mu);

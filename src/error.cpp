@@ -5,10 +5,21 @@
 namespace amp {
 namespace {
 
-constexpr std::array<std::string_view, 15> k_names{
-    "",         "bad_request",      "unauthenticated",   "forbidden",     "invalid_name",
-    "invalid_envelope", "payload_too_large", "not_found", "conflict",      "lease_lost",
-    "rate_limited",     "budget_exhausted",  "limit_exceeded", "unavailable", "internal"};
+constexpr std::array<std::string_view, 15> k_names{"",
+                                                   "bad_request",
+                                                   "unauthenticated",
+                                                   "forbidden",
+                                                   "invalid_name",
+                                                   "invalid_envelope",
+                                                   "payload_too_large",
+                                                   "not_found",
+                                                   "conflict",
+                                                   "lease_lost",
+                                                   "rate_limited",
+                                                   "budget_exhausted",
+                                                   "limit_exceeded",
+                                                   "unavailable",
+                                                   "internal"};
 
 class category final : public std::error_category {
  public:

@@ -45,31 +45,59 @@ class [[nodiscard]] result {
  public:
   using value_type = T;
 
-  result()
-    requires std::is_default_constructible_v<T>
-      : v_(std::in_place_index<0>) {}
-  result(const T& v) : v_(std::in_place_index<0>, v) {}           // NOLINT: implicit by design
-  result(T&& v) : v_(std::in_place_index<0>, std::move(v)) {}      // NOLINT
+  result() requires std::is_default_constructible_v<T> : v_(std::in_place_index<0>) {}
+  result(const T& v) : v_(std::in_place_index<0>, v) {}        // NOLINT: implicit by design
+  result(T&& v) : v_(std::in_place_index<0>, std::move(v)) {}  // NOLINT
   result(unexpected u) : v_(std::in_place_index<1>, std::move(u).value()) {}  // NOLINT
-  result(error_type e) : v_(std::in_place_index<1>, std::move(e)) {}    // NOLINT
+  result(error_type e) : v_(std::in_place_index<1>, std::move(e)) {}          // NOLINT
 
   bool has_value() const noexcept { return v_.index() == 0; }
   explicit operator bool() const noexcept { return has_value(); }
 
   /// The value; throws `bad_result_access` when there is none.
-  T& value() & { check(); return std::get<0>(v_); }
-  const T& value() const& { check(); return std::get<0>(v_); }
-  T&& value() && { check(); return std::get<0>(std::move(v_)); }
+  T& value() & {
+    check();
+    return std::get<0>(v_);
+  }
+  const T& value() const& {
+    check();
+    return std::get<0>(v_);
+  }
+  T&& value() && {
+    check();
+    return std::get<0>(std::move(v_));
+  }
 
-  T& operator*() & noexcept { assert(has_value()); return *std::get_if<0>(&v_); }
-  const T& operator*() const& noexcept { assert(has_value()); return *std::get_if<0>(&v_); }
-  T&& operator*() && noexcept { assert(has_value()); return std::move(*std::get_if<0>(&v_)); }
-  T* operator->() noexcept { assert(has_value()); return std::get_if<0>(&v_); }
-  const T* operator->() const noexcept { assert(has_value()); return std::get_if<0>(&v_); }
+  T& operator*() & noexcept {
+    assert(has_value());
+    return std::get<0>(v_);
+  }
+  const T& operator*() const& noexcept {
+    assert(has_value());
+    return std::get<0>(v_);
+  }
+  T&& operator*() && noexcept {
+    assert(has_value());
+    return std::get<0>(std::move(v_));
+  }
+  T* operator->() noexcept {
+    assert(has_value());
+    return &std::get<0>(v_);
+  }
+  const T* operator->() const noexcept {
+    assert(has_value());
+    return &std::get<0>(v_);
+  }
 
   /// The error; only valid when `!has_value()`.
-  const error_type& error() const& noexcept { assert(!has_value()); return *std::get_if<1>(&v_); }
-  error_type&& error() && noexcept { assert(!has_value()); return std::move(*std::get_if<1>(&v_)); }
+  const error_type& error() const& noexcept {
+    assert(!has_value());
+    return std::get<1>(v_);
+  }
+  error_type&& error() && noexcept {
+    assert(!has_value());
+    return std::get<1>(std::move(v_));
+  }
 
   template <class U>
   T value_or(U&& fallback) const& {
@@ -78,7 +106,7 @@ class [[nodiscard]] result {
 
  private:
   void check() const {
-    if (!has_value()) throw bad_result_access(*std::get_if<1>(&v_));
+    if (!has_value()) throw bad_result_access(std::get<1>(v_));
   }
   std::variant<T, error_type> v_;
 };
@@ -91,7 +119,7 @@ class [[nodiscard]] result<void> {
 
   result() = default;
   result(unexpected u) : error_(std::move(u).value()) {}  // NOLINT: implicit by design
-  result(error_type e) : error_(std::move(e)) {}               // NOLINT
+  result(error_type e) : error_(std::move(e)) {}          // NOLINT
 
   bool has_value() const noexcept { return !error_.has_value(); }
   explicit operator bool() const noexcept { return has_value(); }
@@ -99,8 +127,14 @@ class [[nodiscard]] result<void> {
   void value() const {
     if (error_) throw bad_result_access(*error_);
   }
-  const error_type& error() const& noexcept { assert(!has_value()); return *error_; }
-  error_type&& error() && noexcept { assert(!has_value()); return std::move(*error_); }
+  const error_type& error() const& noexcept {
+    assert(!has_value());
+    return *error_;
+  }
+  error_type&& error() && noexcept {
+    assert(!has_value());
+    return std::move(*error_);
+  }
 
  private:
   std::optional<error_type> error_;

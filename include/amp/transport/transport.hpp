@@ -1,0 +1,396 @@
+#pragma once
+
+/// \file
+/// The pluggable transport: the small slice of JetStream that the broker needs, as an
+/// interface with two implementations (`memory_transport`, `jetstream_transport`).
+/// Its vocabulary is JetStream's: streams with retention and limits, publish with a
+/// message id for deduplication, durable pull consumers with AckWait and the four kinds
+/// of acknowledgement, ordered replay, and KV buckets with revisions, history, watch and
+/// per-key TTL. One conformance suite (tests/conformance) holds every implementation to
+/// the same behaviour.
+///
+/// Threads. Every member function is thread-safe. Operations come in two kinds:
+/// - data operations (`async_publish`, `async_fetch`, `async_acknowledge`, `async_kv_*`)
+///   complete through a handler. The handler may run before the call returns (the
+///   memory transport completes most operations at once), on the thread that made a
+///   waiting fetch satisfiable (a publisher, or the clock's timer thread), or on a
+///   backend thread (cnats); it must not block for long. Each has a blocking wrapper of
+///   the same name without `async_`, which must not be called from a handler.
+/// - administrative operations (`ensure_*`, `*_info`, `delete_*`, `kv_keys`, `kv_history`,
+///   subscriptions and watches) block and return a `result`.
+///
+/// Errors. Names are checked before anything reaches the backend: a bad stream, consumer,
+/// bucket or subject name is `invalid_name` and changes nothing. Missing objects are
+/// `not_found`; a stale revision, an existing key, a clashing configuration or an
+/// overlapping work-queue filter is `conflict`; stream limits are `limit_exceeded` or
+/// `payload_too_large`; an unreachable backend is `unavailable` (nothing was stored).
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "amp/clock.hpp"
+#include "amp/result.hpp"
+
+namespace amp {
+
+using namespace std::chrono_literals;
+
+/// Completion handler of an asynchronous transport operation.
+template <class T>
+using completion = std::function<void(result<T>)>;
+
+/// Message headers, in order; a name may repeat.
+using header_list = std::vector<std::pair<std::string, std::string>>;
+
+/// The first value of header `name` (case-sensitive), if any.
+std::optional<std::string_view> find_header(const header_list& headers, std::string_view name);
+
+/// What a stream keeps (JetStream RetentionPolicy).
+enum class retention_policy {
+  limits,      ///< keep until a limit removes them; acks do not remove
+  work_queue,  ///< a message is removed once a consumer acks or terms it
+  interest,    ///< removed once every consumer has acked it
+};
+
+/// Where a stream or bucket keeps its data.
+enum class storage_type { file, memory };
+
+/// Which messages a full stream refuses or drops.
+enum class discard_policy {
+  old_messages,  ///< drop the oldest to make room
+  new_messages,  ///< refuse the publish (`limit_exceeded`)
+};
+
+/// Configuration of a stream. Limits of zero or less and zero durations mean "unlimited".
+struct stream_config {
+  std::string name{};                   ///< stream name: no `.`, `*`, `>`, `/`, `\`, whitespace
+  std::vector<std::string> subjects{};  ///< subject filters the stream captures
+  retention_policy retention = retention_policy::limits;
+  storage_type storage = storage_type::file;
+  std::int64_t max_msgs = -1;
+  std::int64_t max_bytes = -1;  ///< counts subject, headers and data
+  std::int64_t max_msgs_per_subject = -1;
+  std::int32_t max_msg_size = -1;  ///< data bytes; larger publishes are `payload_too_large`
+  duration max_age = duration::zero();
+  discard_policy discard = discard_policy::old_messages;
+  duration duplicate_window = 2min;  ///< `msg_id` dedup window
+  int replicas = 1;
+
+  friend bool operator==(const stream_config&, const stream_config&) = default;
+};
+
+/// The current contents of a stream.
+struct stream_state {
+  std::uint64_t messages = 0;
+  std::uint64_t bytes = 0;
+  std::uint64_t first_seq = 0;  ///< 0 when empty and never written
+  std::uint64_t last_seq = 0;
+  std::uint64_t consumers = 0;
+};
+
+struct stream_info {
+  stream_config config{};
+  stream_state state{};
+};
+
+/// A message to publish.
+struct outgoing_message {
+  std::string subject{};
+  std::string data{};
+  header_list headers{};
+  /// Deduplication id (JetStream `Nats-Msg-Id`): a second publish with the same id within
+  /// the stream's duplicate window stores nothing and returns the first sequence.
+  std::string msg_id{};
+};
+
+/// The stream's answer to a publish.
+struct publish_ack {
+  std::string stream{};
+  std::uint64_t seq = 0;
+  bool duplicate = false;  ///< true when `msg_id` was seen within the window
+};
+
+/// A stored message, as fetched from a consumer, replayed, or read by sequence.
+struct message {
+  std::string stream{};
+  std::string subject{};
+  std::string data{};
+  header_list headers{};
+  std::uint64_t seq = 0;  ///< stream sequence
+  time_point time{};      ///< when the stream stored it
+
+  // Set on messages delivered by a durable consumer (`async_fetch`):
+  std::string consumer{};
+  std::uint64_t delivery_count = 0;  ///< 1 on first delivery; +1 per redelivery (a nak counts)
+  std::uint64_t consumer_seq = 0;
+  std::string ack_token{};  ///< opaque; identifies the message to `async_acknowledge`
+};
+
+/// Where a consumer or replay starts.
+enum class deliver_policy {
+  all,                ///< from the first stored message
+  last,               ///< from the last message matching the filter
+  new_messages,       ///< only what is published after creation
+  by_start_sequence,  ///< from `start_seq` (inclusive)
+  by_start_time,      ///< from the first message stored at or after `start_time`
+};
+
+/// A durable pull consumer. Acks are explicit; redelivery is unlimited unless
+/// `max_deliver` is set.
+struct consumer_config {
+  std::string stream{};
+  std::string durable{};                ///< consumer name, same grammar as stream names
+  std::string filter_subject{};         ///< empty: every subject of the stream
+  duration ack_wait = 30s;              ///< redelivery after this long without ack or in-progress
+  std::int64_t max_ack_pending = 1000;  ///< delivered but unacked at most; -1 unlimited
+  std::int64_t max_deliver = -1;        ///< -1 unlimited
+  deliver_policy deliver = deliver_policy::all;
+  std::uint64_t start_seq = 0;  ///< with `by_start_sequence`
+  time_point start_time{};      ///< with `by_start_time`
+
+  friend bool operator==(const consumer_config&, const consumer_config&) = default;
+};
+
+struct consumer_info {
+  consumer_config config{};
+  std::uint64_t num_pending = 0;           ///< matching messages not yet delivered
+  std::uint64_t num_ack_pending = 0;       ///< delivered, not yet acked or termed
+  std::uint64_t num_redelivered = 0;       ///< of the ack-pending, those delivered more than once
+  std::uint64_t delivered_stream_seq = 0;  ///< highest stream sequence delivered
+  std::uint64_t ack_floor_stream_seq = 0;  ///< every sequence at or below is acked
+};
+
+/// A pull. `max_wait` zero: answer at once with what is available (possibly nothing).
+/// Otherwise wait until at least one message is available, then answer with up to
+/// `batch` of those available at that moment; an empty answer means `max_wait` passed.
+struct fetch_request {
+  std::size_t batch = 1;
+  duration max_wait = duration::zero();
+};
+
+/// The four acknowledgements of JetStream.
+enum class ack_kind {
+  ack,          ///< done: on a work-queue stream the message is removed
+  nak,          ///< redeliver after the given delay (zero: at once); counts as a delivery
+  in_progress,  ///< still working: restarts the full AckWait
+  term,         ///< never redeliver: on a work-queue stream the message is removed
+};
+
+/// A live subscription or watch; destroying it stops it.
+class subscription {
+ public:
+  virtual ~subscription() = default;
+  /// Stops callbacks. When called from outside a callback, no callback runs after it
+  /// returns; from inside one, none runs after that callback returns. Idempotent.
+  virtual void stop() noexcept = 0;
+
+ protected:
+  subscription() = default;
+};
+
+/// An ordered replay of a stream: every matching message once, in stream order, without
+/// gaps, then live messages as they are stored.
+struct replay_request {
+  std::string stream{};
+  std::string filter_subject{};  ///< empty: every subject
+  deliver_policy start = deliver_policy::new_messages;
+  std::uint64_t start_seq = 0;
+  time_point start_time{};
+};
+
+/// Configuration of a KV bucket.
+struct kv_config {
+  std::string bucket{};             ///< `[A-Za-z0-9_-]+`
+  int history = 1;                  ///< revisions kept per key, 1..64
+  duration ttl = duration::zero();  ///< age after which any value is removed; zero: never
+  storage_type storage = storage_type::file;
+  int replicas = 1;
+  std::int32_t max_value_size = -1;  ///< bytes; zero or less: unlimited
+
+  friend bool operator==(const kv_config&, const kv_config&) = default;
+};
+
+/// What a KV revision did to its key.
+enum class kv_op {
+  put,
+  del,      ///< deleted; earlier revisions stay in history
+  purge,    ///< purged; earlier revisions are gone
+  expired,  ///< its per-key TTL ran out; earlier revisions are gone
+};
+
+struct kv_entry {
+  std::string bucket{};
+  std::string key{};
+  std::string value{};         ///< empty for del, purge and expired
+  std::uint64_t revision = 0;  ///< the bucket's sequence number; rises with every write
+  time_point created{};
+  kv_op op = kv_op::put;
+};
+
+/// What a watch reports.
+struct kv_watch_options {
+  /// Keys to watch, with `*` and `>` as in subjects; empty means every key.
+  std::string key_filter{};
+  /// Report every retained revision of the matching keys first, not only the latest.
+  bool include_history = false;
+  /// Skip the initial values: report only what changes after the watch starts.
+  bool updates_only = false;
+};
+
+/// Callbacks of a watch. They run one at a time, in revision order.
+struct kv_watch_handlers {
+  /// Each entry: first the latest value of every live matching key (unless
+  /// `updates_only`), then every put, del, purge and expiry as it happens.
+  std::function<void(const kv_entry&)> on_entry{};
+  /// Once, after the initial values (at once when there are none or `updates_only`).
+  std::function<void()> on_caught_up{};
+};
+
+/// What a backend can do; the broker adapts to it.
+struct capabilities {
+  std::string backend{};     ///< "memory" or "jetstream"
+  bool persistent = false;   ///< survives the process
+  bool per_key_ttl = false;  ///< `ttl` on KV writes is honoured
+};
+
+/// The transport interface. Create one through a backend's factory
+/// (`memory_transport::create`, `jetstream_transport::connect`); share it freely.
+class transport {
+ public:
+  virtual ~transport() = default;
+  transport(const transport&) = delete;
+  transport& operator=(const transport&) = delete;
+
+  virtual capabilities caps() const = 0;
+
+  /// The clock the transport stamps and expires by.
+  virtual std::shared_ptr<amp::clock> clock() const = 0;
+
+  /// `ok` when the backend answers; `unavailable` otherwise.
+  virtual result<void> ping() = 0;
+
+  // ----- streams --------------------------------------------------------------------
+
+  /// Creates the stream when missing; returns it unchanged when it exists with the same
+  /// configuration; `conflict` naming the differing setting otherwise (never changes it).
+  /// `bad_request` for an impossible configuration (no subjects, replicas < 1, ...).
+  virtual result<stream_info> ensure_stream(const stream_config& config) = 0;
+  virtual result<stream_info> stream_info_of(std::string_view stream) = 0;
+  virtual result<void> delete_stream(std::string_view stream) = 0;
+  /// The message at `seq`; `not_found` if there is none (never stored, or removed).
+  virtual result<message> get_message(std::string_view stream, std::uint64_t seq) = 0;
+  /// The last message whose subject matches `subject_filter`; `not_found` if none.
+  virtual result<message> get_last_message(std::string_view stream,
+                                           std::string_view subject_filter) = 0;
+
+  /// Stores a message in the stream capturing its subject. `not_found` when no stream
+  /// captures it; `payload_too_large` over `max_msg_size`; `limit_exceeded` when the
+  /// stream is full and discards new messages.
+  virtual void async_publish(outgoing_message msg, completion<publish_ack> done) = 0;
+  result<publish_ack> publish(outgoing_message msg);
+
+  // ----- durable pull consumers -----------------------------------------------------
+
+  /// Creates the durable consumer when missing; returns it when it exists with the same
+  /// configuration; `conflict` when it differs. On a work-queue stream, a filter that
+  /// overlaps another consumer's is `conflict` and `deliver` must be `all`
+  /// (`bad_request` otherwise).
+  virtual result<consumer_info> ensure_consumer(const consumer_config& config) = 0;
+  /// Changes an existing consumer's `filter_subject`, `ack_wait`, `max_ack_pending` or
+  /// `max_deliver`. `not_found` when missing; `conflict` for an overlapping work-queue
+  /// filter or a change of stream or start position.
+  virtual result<consumer_info> update_consumer(const consumer_config& config) = 0;
+  virtual result<consumer_info> consumer_info_of(std::string_view stream,
+                                                 std::string_view durable) = 0;
+  virtual result<void> delete_consumer(std::string_view stream, std::string_view durable) = 0;
+
+  /// Pulls messages from a durable consumer: redeliveries due first, then new messages,
+  /// in stream order, never more than `max_ack_pending` outstanding. Each delivery
+  /// starts the consumer's AckWait for that message. `not_found` for a missing consumer.
+  virtual void async_fetch(std::string_view stream, std::string_view durable, fetch_request request,
+                           completion<std::vector<message>> done) = 0;
+  /// Blocking fetch. With a `manual_clock` and `max_wait` > 0 it returns only when a
+  /// message arrives or another thread advances the clock.
+  result<std::vector<message>> fetch(std::string_view stream, std::string_view durable,
+                                     fetch_request request);
+
+  /// Acknowledges a delivered message by its `ack_token`. As in JetStream, an
+  /// acknowledgement of a message that is no longer pending (already acked or termed,
+  /// or from an earlier delivery that was since redelivered and acked) changes nothing
+  /// and succeeds; one from an earlier delivery of a message still pending applies to it.
+  /// `nak_delay` is used by `nak` only. `bad_request` for a token this transport did not
+  /// issue.
+  virtual void async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
+                                 completion<void> done) = 0;
+  result<void> ack(const message& msg);
+  result<void> nak(const message& msg, duration delay = duration::zero());
+  result<void> in_progress(const message& msg);
+  result<void> term(const message& msg);
+
+  /// Ordered replay (an ephemeral ordered consumer). `on_message` runs one message at a
+  /// time, in stream order. `not_found` for a missing stream.
+  virtual result<std::unique_ptr<subscription>> subscribe_ordered(
+      const replay_request& request, std::function<void(const message&)> on_message) = 0;
+
+  // ----- KV buckets -----------------------------------------------------------------
+
+  /// Creates the bucket when missing; unchanged when equal; `conflict` when it differs.
+  virtual result<void> ensure_bucket(const kv_config& config) = 0;
+  virtual result<void> delete_bucket(std::string_view bucket) = 0;
+
+  /// The latest value; `not_found` when the key is missing, deleted, purged or expired.
+  virtual void async_kv_get(std::string_view bucket, std::string_view key,
+                            completion<kv_entry> done) = 0;
+  /// Writes only when the key has no live value; `conflict` otherwise. Returns the
+  /// revision. `ttl` (per-key TTL) needs `caps().per_key_ttl`: `bad_request` otherwise.
+  virtual void async_kv_create(std::string_view bucket, std::string_view key, std::string value,
+                               std::optional<duration> ttl, completion<std::uint64_t> done) = 0;
+  /// Writes only when the key's latest revision (of any op) is `expected_revision`;
+  /// `conflict` otherwise (two updates on one revision: exactly one succeeds).
+  virtual void async_kv_update(std::string_view bucket, std::string_view key, std::string value,
+                               std::uint64_t expected_revision, std::optional<duration> ttl,
+                               completion<std::uint64_t> done) = 0;
+  /// Writes unconditionally. Returns the revision.
+  virtual void async_kv_put(std::string_view bucket, std::string_view key, std::string value,
+                            std::optional<duration> ttl, completion<std::uint64_t> done) = 0;
+  /// Writes a delete marker; history stays. Succeeds for a missing key too.
+  virtual void async_kv_delete(std::string_view bucket, std::string_view key,
+                               completion<void> done) = 0;
+  /// Removes every revision of the key and leaves one purge marker.
+  virtual void async_kv_purge(std::string_view bucket, std::string_view key,
+                              completion<void> done) = 0;
+
+  result<kv_entry> kv_get(std::string_view bucket, std::string_view key);
+  result<std::uint64_t> kv_create(std::string_view bucket, std::string_view key, std::string value,
+                                  std::optional<duration> ttl = std::nullopt);
+  result<std::uint64_t> kv_update(std::string_view bucket, std::string_view key, std::string value,
+                                  std::uint64_t expected_revision,
+                                  std::optional<duration> ttl = std::nullopt);
+  result<std::uint64_t> kv_put(std::string_view bucket, std::string_view key, std::string value,
+                               std::optional<duration> ttl = std::nullopt);
+  result<void> kv_delete(std::string_view bucket, std::string_view key);
+  result<void> kv_purge(std::string_view bucket, std::string_view key);
+
+  /// The keys with a live value, sorted.
+  virtual result<std::vector<std::string>> kv_keys(std::string_view bucket) = 0;
+  /// Every retained revision of the key, oldest first, markers included; `not_found`
+  /// when none is retained.
+  virtual result<std::vector<kv_entry>> kv_history(std::string_view bucket,
+                                                   std::string_view key) = 0;
+  /// Watches a bucket; see `kv_watch_handlers`. `not_found` for a missing bucket.
+  virtual result<std::unique_ptr<subscription>> kv_watch(std::string_view bucket,
+                                                         const kv_watch_options& options,
+                                                         kv_watch_handlers handlers) = 0;
+
+ protected:
+  transport() = default;
+};
+
+}  // namespace amp

@@ -1,0 +1,1176 @@
+#include "amp/transport/memory.hpp"
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "amp/subjects.hpp"
+#include "detail/serial_queue.hpp"
+
+namespace amp {
+namespace {
+
+using detail::serial_queue;
+
+std::atomic<std::uint64_t> next_instance_id{0};
+
+// Handlers collected under the lock and run after it is released. Declare before the
+// lock guard so that the guard is destroyed (unlocked) first.
+class deferred {
+ public:
+  deferred() = default;
+  deferred(const deferred&) = delete;
+  deferred& operator=(const deferred&) = delete;
+  ~deferred() {
+    for (auto& fn : calls_) fn();
+  }
+  void add(std::function<void()> fn) { calls_.push_back(std::move(fn)); }
+  template <class T>
+  void complete(completion<T> done, result<T> r) {
+    calls_.push_back([done = std::move(done), r = std::move(r)]() mutable { done(std::move(r)); });
+  }
+  void drain(std::shared_ptr<serial_queue> q) {
+    calls_.push_back([q = std::move(q)] { q->drain(); });
+  }
+
+ private:
+  std::vector<std::function<void()>> calls_;
+};
+
+unexpected missing(std::string_view what, std::string_view name) {
+  return unexpected(errc::not_found, fmt::format("{} \"{}\" not found", what, name));
+}
+
+std::string_view retention_name(retention_policy r) {
+  switch (r) {
+    case retention_policy::limits: return "limits";
+    case retention_policy::work_queue: return "work_queue";
+    case retention_policy::interest: return "interest";
+  }
+  return "?";
+}
+
+std::string filter_or_all(const std::string& f) {
+  return f.empty() ? ">" : f;
+}
+
+struct stored_message {
+  message msg;  // stream, subject, data, headers, seq, time
+  std::size_t bytes = 0;
+};
+
+struct pending_delivery {
+  std::uint64_t deliveries = 0;
+  time_point deadline;
+};
+
+struct fetch_waiter {
+  std::uint64_t id = 0;
+  std::size_t batch = 1;
+  time_point deadline;
+  completion<std::vector<message>> done;
+};
+
+struct ordered_sub {
+  std::string filter;
+  std::shared_ptr<serial_queue> queue;
+  std::function<void(const message&)> on_message;
+};
+
+struct consumer_state {
+  consumer_config config;
+  std::uint64_t uid = 0;  // distinguishes a consumer from a deleted one of the same name
+  std::uint64_t next_seq = 1;
+  std::uint64_t delivered_stream_seq = 0;
+  std::uint64_t consumer_seq = 0;
+  std::map<std::uint64_t, pending_delivery> pending;  // by stream sequence
+  std::deque<fetch_waiter> waiters;
+  timer_id wake_timer = 0;
+  time_point wake_at;
+};
+
+struct stream_state_impl {
+  stream_config config;
+  std::map<std::uint64_t, stored_message> msgs;
+  std::unordered_map<std::string, std::set<std::uint64_t>> by_subject;
+  std::uint64_t last_seq = 0;
+  std::uint64_t bytes = 0;
+  std::unordered_map<std::string, std::pair<std::uint64_t, time_point>> dedup;
+  std::deque<std::pair<time_point, std::string>> dedup_order;
+  std::map<std::string, consumer_state, std::less<>> consumers;
+  std::vector<std::shared_ptr<ordered_sub>> subs;
+};
+
+struct kv_revision {
+  kv_entry entry;
+  std::optional<time_point> expires;  // per-key TTL
+};
+
+struct kv_watcher {
+  std::string filter;
+  std::shared_ptr<serial_queue> queue;
+  std::function<void(const kv_entry&)> on_entry;
+};
+
+struct bucket_state {
+  kv_config config;
+  std::uint64_t seq = 0;
+  std::map<std::string, std::deque<kv_revision>, std::less<>> keys;
+  std::vector<std::shared_ptr<kv_watcher>> watchers;
+};
+
+class queue_subscription final : public subscription {
+ public:
+  explicit queue_subscription(std::shared_ptr<serial_queue> q) : queue_(std::move(q)) {}
+  ~queue_subscription() override { stop(); }
+  void stop() noexcept override { queue_->stop(); }
+
+ private:
+  std::shared_ptr<serial_queue> queue_;
+};
+
+class memory_backend final : public transport, public std::enable_shared_from_this<memory_backend> {
+ public:
+  explicit memory_backend(std::shared_ptr<amp::clock> clock)
+      : clock_(std::move(clock)), instance_(++next_instance_id) {}
+
+  ~memory_backend() override {
+    std::lock_guard lock(mu_);
+    for (auto& [name, s] : streams_) {
+      for (auto& [cname, c] : s.consumers) {
+        if (c.wake_timer) clock_->cancel(c.wake_timer);
+      }
+    }
+    for (auto id : ttl_timers_) clock_->cancel(id);
+  }
+
+  capabilities caps() const override {
+    return {.backend = "memory", .persistent = false, .per_key_ttl = true};
+  }
+
+  std::shared_ptr<amp::clock> clock() const override { return clock_; }
+
+  result<void> ping() override { return {}; }
+
+  // ----- streams ------------------------------------------------------------------
+
+  result<stream_info> ensure_stream(const stream_config& config) override {
+    if (auto r = validate(config); !r) return r.error();
+    std::lock_guard lock(mu_);
+    if (auto it = streams_.find(config.name); it != streams_.end()) {
+      if (auto diff = differing_setting(it->second.config, config); !diff.empty()) {
+        return unexpected(errc::conflict, fmt::format("stream \"{}\" exists with a different {}",
+                                                      config.name, diff));
+      }
+      return info(it->second);
+    }
+    for (const auto& [name, other] : streams_) {
+      for (const auto& mine : config.subjects) {
+        for (const auto& theirs : other.config.subjects) {
+          if (subjects::filters_overlap(mine, theirs)) {
+            return unexpected(
+                errc::conflict,
+                fmt::format("subjects \"{}\" overlap stream \"{}\" (\"{}\")", mine, name, theirs));
+          }
+        }
+      }
+    }
+    auto& s = streams_[config.name];
+    s.config = config;
+    return info(s);
+  }
+
+  result<stream_info> stream_info_of(std::string_view stream) override {
+    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(stream);
+    if (!s) return missing("stream", stream);
+    expire_messages(*s);
+    return info(*s);
+  }
+
+  result<void> delete_stream(std::string_view stream) override {
+    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto it = streams_.find(std::string(stream));
+    if (it == streams_.end()) return missing("stream", stream);
+    for (auto& [cname, c] : it->second.consumers) fail_waiters(c, cname, after);
+    for (auto& sub : it->second.subs) sub->queue->stop();
+    streams_.erase(it);
+    return {};
+  }
+
+  result<message> get_message(std::string_view stream, std::uint64_t seq) override {
+    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(stream);
+    if (!s) return missing("stream", stream);
+    expire_messages(*s);
+    auto it = s->msgs.find(seq);
+    if (it == s->msgs.end()) {
+      return unexpected(errc::not_found,
+                        fmt::format("no message {} in stream \"{}\"", seq, stream));
+    }
+    return it->second.msg;
+  }
+
+  result<message> get_last_message(std::string_view stream,
+                                   std::string_view subject_filter) override {
+    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+    if (auto r = subjects::check_filter(subject_filter); !r) return r.error();
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(stream);
+    if (!s) return missing("stream", stream);
+    expire_messages(*s);
+    auto seq = last_matching(*s, subject_filter);
+    if (seq == 0) {
+      return unexpected(errc::not_found, fmt::format("no message on \"{}\" in stream \"{}\"",
+                                                     subject_filter, stream));
+    }
+    return s->msgs.at(seq).msg;
+  }
+
+  void async_publish(outgoing_message msg, completion<publish_ack> done) override {
+    deferred after;
+    std::lock_guard lock(mu_);
+    after.complete(std::move(done), publish_locked(std::move(msg), after));
+  }
+
+  // ----- consumers ----------------------------------------------------------------
+
+  result<consumer_info> ensure_consumer(const consumer_config& config) override {
+    if (auto r = validate(config); !r) return r.error();
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(config.stream);
+    if (!s) return missing("stream", config.stream);
+    if (auto r = check_consumer_fits(*s, config); !r) return r.error();
+    if (auto it = s->consumers.find(config.durable); it != s->consumers.end()) {
+      if (auto diff = differing_setting(it->second.config, config); !diff.empty()) {
+        return unexpected(errc::conflict, fmt::format("consumer \"{}\" exists with a different {}",
+                                                      config.durable, diff));
+      }
+      return info(*s, it->second);
+    }
+    if (auto r = check_overlap(*s, config); !r) return r.error();
+    expire_messages(*s);
+    auto& c = s->consumers[config.durable];
+    c.config = config;
+    c.uid = ++last_uid_;
+    c.next_seq = start_sequence(*s, config.filter_subject, config.deliver, config.start_seq,
+                                config.start_time);
+    return info(*s, c);
+  }
+
+  result<consumer_info> update_consumer(const consumer_config& config) override {
+    if (auto r = validate(config); !r) return r.error();
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(config.stream);
+    if (!s) return missing("stream", config.stream);
+    auto it = s->consumers.find(config.durable);
+    if (it == s->consumers.end()) return missing("consumer", config.durable);
+    auto& old = it->second.config;
+    if (old.deliver != config.deliver || old.start_seq != config.start_seq ||
+        old.start_time != config.start_time) {
+      return unexpected(errc::conflict, fmt::format("consumer \"{}\": the start position cannot "
+                                                    "be changed",
+                                                    config.durable));
+    }
+    if (auto r = check_consumer_fits(*s, config); !r) return r.error();
+    if (auto r = check_overlap(*s, config); !r) return r.error();
+    old = config;
+    serve_waiters(*s, it->second, after);
+    return info(*s, it->second);
+  }
+
+  result<consumer_info> consumer_info_of(std::string_view stream,
+                                         std::string_view durable) override {
+    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+    if (auto r = subjects::check_consumer_name(durable); !r) return r.error();
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(stream);
+    if (!s) return missing("stream", stream);
+    auto it = s->consumers.find(durable);
+    if (it == s->consumers.end()) return missing("consumer", durable);
+    expire_messages(*s);
+    return info(*s, it->second);
+  }
+
+  result<void> delete_consumer(std::string_view stream, std::string_view durable) override {
+    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+    if (auto r = subjects::check_consumer_name(durable); !r) return r.error();
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(stream);
+    if (!s) return missing("stream", stream);
+    auto it = s->consumers.find(durable);
+    if (it == s->consumers.end()) return missing("consumer", durable);
+    fail_waiters(it->second, durable, after);
+    s->consumers.erase(it);
+    return {};
+  }
+
+  void async_fetch(std::string_view stream, std::string_view durable, fetch_request request,
+                   completion<std::vector<message>> done) override {
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto fail = [&](error e) { after.complete<std::vector<message>>(std::move(done), e); };
+    if (auto r = subjects::check_stream_name(stream); !r) return fail(r.error());
+    if (auto r = subjects::check_consumer_name(durable); !r) return fail(r.error());
+    if (request.batch == 0) {
+      return fail(error(errc::bad_request, "fetch batch must be at least 1"));
+    }
+    auto* s = find_stream(stream);
+    if (!s) return fail(missing("stream", stream).value());
+    auto it = s->consumers.find(durable);
+    if (it == s->consumers.end()) return fail(missing("consumer", durable).value());
+    auto& c = it->second;
+    expire_messages(*s);
+    auto now = clock_->now();
+    // Earlier waiters are served first; a new request only takes what they left.
+    std::vector<message> got;
+    if (c.waiters.empty()) got = collect(*s, c, request.batch, now);
+    if (!got.empty() || request.max_wait <= duration::zero()) {
+      after.complete<std::vector<message>>(std::move(done), std::move(got));
+      return;
+    }
+    c.waiters.push_back(fetch_waiter{.id = ++last_uid_,
+                                     .batch = request.batch,
+                                     .deadline = now + request.max_wait,
+                                     .done = std::move(done)});
+    arm_wake(*s, c);
+  }
+
+  void async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
+                         completion<void> done) override {
+    deferred after;
+    std::lock_guard lock(mu_);
+    after.complete(std::move(done), acknowledge_locked(msg, kind, nak_delay, after));
+  }
+
+  result<std::unique_ptr<subscription>> subscribe_ordered(
+      const replay_request& request, std::function<void(const message&)> on_message) override {
+    if (auto r = subjects::check_stream_name(request.stream); !r) return r.error();
+    if (!request.filter_subject.empty()) {
+      if (auto r = subjects::check_filter(request.filter_subject); !r) return r.error();
+    }
+    if (!on_message) return unexpected(errc::bad_request, "subscribe_ordered needs a callback");
+    auto sub = std::make_shared<ordered_sub>();
+    sub->filter = filter_or_all(request.filter_subject);
+    sub->queue = std::make_shared<serial_queue>();
+    sub->on_message = std::move(on_message);
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(request.stream);
+    if (!s) return missing("stream", request.stream);
+    expire_messages(*s);
+    auto from =
+        start_sequence(*s, sub->filter, request.start, request.start_seq, request.start_time);
+    for (auto it = s->msgs.lower_bound(from); it != s->msgs.end(); ++it) {
+      if (subjects::subject_matches(sub->filter, it->second.msg.subject)) {
+        push_message(*sub, it->second.msg);
+      }
+    }
+    std::erase_if(s->subs, [](const auto& x) { return x->queue->stopped(); });
+    s->subs.push_back(sub);
+    after.drain(sub->queue);
+    return std::unique_ptr<subscription>(std::make_unique<queue_subscription>(sub->queue));
+  }
+
+  // ----- KV -----------------------------------------------------------------------
+
+  result<void> ensure_bucket(const kv_config& config) override {
+    if (auto r = subjects::check_bucket_name(config.bucket); !r) return r.error();
+    if (config.history < 1 || config.history > 64) {
+      return unexpected(errc::bad_request,
+                        fmt::format("bucket \"{}\": history must be 1..64, not {}", config.bucket,
+                                    config.history));
+    }
+    if (config.replicas < 1 || config.replicas > 5) {
+      return unexpected(errc::bad_request,
+                        fmt::format("bucket \"{}\": replicas must be 1..5", config.bucket));
+    }
+    if (config.ttl < duration::zero()) {
+      return unexpected(errc::bad_request,
+                        fmt::format("bucket \"{}\": ttl must not be negative", config.bucket));
+    }
+    std::lock_guard lock(mu_);
+    if (auto it = buckets_.find(config.bucket); it != buckets_.end()) {
+      if (auto diff = differing_setting(it->second.config, config); !diff.empty()) {
+        return unexpected(errc::conflict, fmt::format("bucket \"{}\" exists with a different {}",
+                                                      config.bucket, diff));
+      }
+      return {};
+    }
+    buckets_[config.bucket].config = config;
+    return {};
+  }
+
+  result<void> delete_bucket(std::string_view bucket) override {
+    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+    std::lock_guard lock(mu_);
+    auto it = buckets_.find(std::string(bucket));
+    if (it == buckets_.end()) return missing("bucket", bucket);
+    for (auto& w : it->second.watchers) w->queue->stop();
+    buckets_.erase(it);
+    return {};
+  }
+
+  void async_kv_get(std::string_view bucket, std::string_view key,
+                    completion<kv_entry> done) override {
+    deferred after;
+    std::lock_guard lock(mu_);
+    after.complete(std::move(done), kv_get_locked(bucket, key, after));
+  }
+
+  void async_kv_create(std::string_view bucket, std::string_view key, std::string value,
+                       std::optional<duration> ttl, completion<std::uint64_t> done) override {
+    deferred after;
+    std::lock_guard lock(mu_);
+    after.complete(std::move(done), kv_write(bucket, key, kv_op::put, std::move(value), ttl,
+                                             write_rule::create, 0, after));
+  }
+
+  void async_kv_update(std::string_view bucket, std::string_view key, std::string value,
+                       std::uint64_t expected_revision, std::optional<duration> ttl,
+                       completion<std::uint64_t> done) override {
+    deferred after;
+    std::lock_guard lock(mu_);
+    after.complete(std::move(done), kv_write(bucket, key, kv_op::put, std::move(value), ttl,
+                                             write_rule::update, expected_revision, after));
+  }
+
+  void async_kv_put(std::string_view bucket, std::string_view key, std::string value,
+                    std::optional<duration> ttl, completion<std::uint64_t> done) override {
+    deferred after;
+    std::lock_guard lock(mu_);
+    after.complete(std::move(done), kv_write(bucket, key, kv_op::put, std::move(value), ttl,
+                                             write_rule::any, 0, after));
+  }
+
+  void async_kv_delete(std::string_view bucket, std::string_view key,
+                       completion<void> done) override {
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto r = kv_write(bucket, key, kv_op::del, {}, std::nullopt, write_rule::any, 0, after);
+    after.complete<void>(std::move(done), r ? result<void>() : result<void>(r.error()));
+  }
+
+  void async_kv_purge(std::string_view bucket, std::string_view key,
+                      completion<void> done) override {
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto r = kv_write(bucket, key, kv_op::purge, {}, std::nullopt, write_rule::any, 0, after);
+    after.complete<void>(std::move(done), r ? result<void>() : result<void>(r.error()));
+  }
+
+  result<std::vector<std::string>> kv_keys(std::string_view bucket) override {
+    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto* b = find_bucket(bucket);
+    if (!b) return missing("bucket", bucket);
+    expire_bucket(*b, after);
+    std::vector<std::string> keys;
+    for (const auto& [key, revs] : b->keys) {
+      if (!revs.empty() && revs.back().entry.op == kv_op::put) keys.push_back(key);
+    }
+    return keys;
+  }
+
+  result<std::vector<kv_entry>> kv_history(std::string_view bucket, std::string_view key) override {
+    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+    if (auto r = subjects::check_kv_key(key); !r) return r.error();
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto* b = find_bucket(bucket);
+    if (!b) return missing("bucket", bucket);
+    expire_bucket(*b, after);
+    auto it = b->keys.find(key);
+    if (it == b->keys.end() || it->second.empty()) return missing("key", key);
+    std::vector<kv_entry> out;
+    for (const auto& rev : it->second) out.push_back(rev.entry);
+    return out;
+  }
+
+  result<std::unique_ptr<subscription>> kv_watch(std::string_view bucket,
+                                                 const kv_watch_options& options,
+                                                 kv_watch_handlers handlers) override {
+    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+    std::string filter = options.key_filter.empty() ? ">" : options.key_filter;
+    if (auto r = subjects::check_filter(filter); !r) return r.error();
+    if (!handlers.on_entry) return unexpected(errc::bad_request, "kv_watch needs on_entry");
+    auto w = std::make_shared<kv_watcher>();
+    w->filter = filter;
+    w->queue = std::make_shared<serial_queue>();
+    w->on_entry = std::move(handlers.on_entry);
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto* b = find_bucket(bucket);
+    if (!b) return missing("bucket", bucket);
+    expire_bucket(*b, after);
+    if (!options.updates_only) {
+      std::vector<kv_entry> initial;
+      for (const auto& [key, revs] : b->keys) {
+        if (revs.empty() || !subjects::subject_matches(filter, key)) continue;
+        if (options.include_history) {
+          for (const auto& rev : revs) initial.push_back(rev.entry);
+        } else if (revs.back().entry.op == kv_op::put) {
+          initial.push_back(revs.back().entry);
+        }
+      }
+      std::sort(initial.begin(), initial.end(),
+                [](const auto& a, const auto& b2) { return a.revision < b2.revision; });
+      for (auto& e : initial) {
+        w->queue->push([w, e = std::move(e)] { w->on_entry(e); });
+      }
+    }
+    if (handlers.on_caught_up) w->queue->push(std::move(handlers.on_caught_up));
+    std::erase_if(b->watchers, [](const auto& x) { return x->queue->stopped(); });
+    b->watchers.push_back(w);
+    after.drain(w->queue);
+    return std::unique_ptr<subscription>(std::make_unique<queue_subscription>(w->queue));
+  }
+
+ private:
+  enum class write_rule { any, create, update };
+
+  // ----- validation ---------------------------------------------------------------
+
+  static result<void> validate(const stream_config& c) {
+    if (auto r = subjects::check_stream_name(c.name); !r) return r;
+    if (c.subjects.empty()) {
+      return unexpected(errc::bad_request, fmt::format("stream \"{}\" needs subjects", c.name));
+    }
+    for (const auto& s : c.subjects) {
+      if (auto r = subjects::check_filter(s); !r) return r;
+    }
+    if (c.replicas < 1 || c.replicas > 5) {
+      return unexpected(
+          errc::bad_request,
+          fmt::format("stream \"{}\": replicas must be 1..5, not {}", c.name, c.replicas));
+    }
+    if (c.max_age < duration::zero() || c.duplicate_window < duration::zero()) {
+      return unexpected(errc::bad_request,
+                        fmt::format("stream \"{}\": durations must not be negative", c.name));
+    }
+    return {};
+  }
+
+  static result<void> validate(const consumer_config& c) {
+    if (auto r = subjects::check_stream_name(c.stream); !r) return r;
+    if (auto r = subjects::check_consumer_name(c.durable); !r) return r;
+    if (!c.filter_subject.empty()) {
+      if (auto r = subjects::check_filter(c.filter_subject); !r) return r;
+    }
+    if (c.ack_wait <= duration::zero()) {
+      return unexpected(errc::bad_request,
+                        fmt::format("consumer \"{}\": ack_wait must be positive", c.durable));
+    }
+    if (c.max_ack_pending == 0 || c.max_deliver == 0) {
+      return unexpected(errc::bad_request,
+                        fmt::format("consumer \"{}\": max_ack_pending and max_deliver must be "
+                                    "positive or -1",
+                                    c.durable));
+    }
+    return {};
+  }
+
+  static result<void> check_consumer_fits(const stream_state_impl& s, const consumer_config& c) {
+    auto filter = filter_or_all(c.filter_subject);
+    bool inside =
+        std::any_of(s.config.subjects.begin(), s.config.subjects.end(),
+                    [&](const auto& sub) { return subjects::filters_overlap(sub, filter); });
+    if (!inside) {
+      return unexpected(errc::bad_request,
+                        fmt::format("consumer \"{}\": filter \"{}\" matches no subject of stream "
+                                    "\"{}\"",
+                                    c.durable, filter, c.stream));
+    }
+    if (s.config.retention == retention_policy::work_queue && c.deliver != deliver_policy::all) {
+      return unexpected(
+          errc::bad_request,
+          fmt::format("consumer \"{}\": a work-queue stream needs deliver policy all", c.durable));
+    }
+    return {};
+  }
+
+  // On a work-queue stream every message belongs to at most one consumer.
+  static result<void> check_overlap(const stream_state_impl& s, const consumer_config& c) {
+    if (s.config.retention != retention_policy::work_queue) return {};
+    auto mine = filter_or_all(c.filter_subject);
+    for (const auto& [name, other] : s.consumers) {
+      if (name == c.durable) continue;
+      auto theirs = filter_or_all(other.config.filter_subject);
+      if (subjects::filters_overlap(mine, theirs)) {
+        return unexpected(errc::conflict,
+                          fmt::format("consumer \"{}\": filter \"{}\" overlaps consumer \"{}\" "
+                                      "(\"{}\") on work-queue stream \"{}\"",
+                                      c.durable, mine, name, theirs, c.stream));
+      }
+    }
+    return {};
+  }
+
+  static std::string differing_setting(const stream_config& a, const stream_config& b) {
+    if (a.subjects != b.subjects) return "subjects";
+    if (a.retention != b.retention) {
+      return fmt::format("retention ({} vs {})", retention_name(a.retention),
+                         retention_name(b.retention));
+    }
+    if (a.storage != b.storage) return "storage";
+    if (a.max_msgs != b.max_msgs) return fmt::format("max_msgs ({} vs {})", a.max_msgs, b.max_msgs);
+    if (a.max_bytes != b.max_bytes) return "max_bytes";
+    if (a.max_msgs_per_subject != b.max_msgs_per_subject) return "max_msgs_per_subject";
+    if (a.max_msg_size != b.max_msg_size) return "max_msg_size";
+    if (a.max_age != b.max_age) return "max_age";
+    if (a.discard != b.discard) return "discard";
+    if (a.duplicate_window != b.duplicate_window) return "duplicate_window";
+    if (a.replicas != b.replicas) return "replicas";
+    return {};
+  }
+
+  static std::string differing_setting(const consumer_config& a, const consumer_config& b) {
+    if (a.filter_subject != b.filter_subject) {
+      return fmt::format("filter_subject (\"{}\" vs \"{}\")", a.filter_subject, b.filter_subject);
+    }
+    if (a.ack_wait != b.ack_wait) return "ack_wait";
+    if (a.max_ack_pending != b.max_ack_pending) return "max_ack_pending";
+    if (a.max_deliver != b.max_deliver) return "max_deliver";
+    if (a.deliver != b.deliver || a.start_seq != b.start_seq || a.start_time != b.start_time) {
+      return "deliver policy";
+    }
+    return {};
+  }
+
+  static std::string differing_setting(const kv_config& a, const kv_config& b) {
+    if (a.history != b.history) return fmt::format("history ({} vs {})", a.history, b.history);
+    if (a.ttl != b.ttl) return "ttl";
+    if (a.storage != b.storage) return "storage";
+    if (a.replicas != b.replicas) return "replicas";
+    if (a.max_value_size != b.max_value_size) return "max_value_size";
+    return {};
+  }
+
+  // ----- streams ------------------------------------------------------------------
+
+  stream_state_impl* find_stream(std::string_view name) {
+    auto it = streams_.find(name);
+    return it == streams_.end() ? nullptr : &it->second;
+  }
+
+  static stream_info info(const stream_state_impl& s) {
+    stream_info i{.config = s.config, .state = {}};
+    i.state.messages = s.msgs.size();
+    i.state.bytes = s.bytes;
+    i.state.last_seq = s.last_seq;
+    i.state.first_seq =
+        s.msgs.empty() ? (s.last_seq == 0 ? 0 : s.last_seq + 1) : s.msgs.begin()->first;
+    i.state.consumers = s.consumers.size();
+    return i;
+  }
+
+  static std::uint64_t last_matching(const stream_state_impl& s, std::string_view filter) {
+    std::uint64_t best = 0;
+    for (const auto& [subject, seqs] : s.by_subject) {
+      if (!seqs.empty() && subjects::subject_matches(filter, subject)) {
+        best = std::max(best, *seqs.rbegin());
+      }
+    }
+    return best;
+  }
+
+  static std::uint64_t start_sequence(const stream_state_impl& s, const std::string& filter,
+                                      deliver_policy policy, std::uint64_t start_seq,
+                                      time_point start_time) {
+    switch (policy) {
+      case deliver_policy::all: return 1;
+      case deliver_policy::new_messages: return s.last_seq + 1;
+      case deliver_policy::last: {
+        auto seq = last_matching(s, filter_or_all(filter));
+        return seq == 0 ? s.last_seq + 1 : seq;
+      }
+      case deliver_policy::by_start_sequence: return std::max<std::uint64_t>(start_seq, 1);
+      case deliver_policy::by_start_time:
+        for (const auto& [seq, m] : s.msgs) {
+          if (m.msg.time >= start_time) return seq;
+        }
+        return s.last_seq + 1;
+    }
+    return 1;
+  }
+
+  static std::size_t message_bytes(const outgoing_message& m) {
+    std::size_t n = m.subject.size() + m.data.size();
+    for (const auto& [k, v] : m.headers) n += k.size() + v.size();
+    return n;
+  }
+
+  void remove_message(stream_state_impl& s, std::uint64_t seq) {
+    auto it = s.msgs.find(seq);
+    if (it == s.msgs.end()) return;
+    s.bytes -= it->second.bytes;
+    auto sub = s.by_subject.find(it->second.msg.subject);
+    if (sub != s.by_subject.end()) {
+      sub->second.erase(seq);
+      if (sub->second.empty()) s.by_subject.erase(sub);
+    }
+    s.msgs.erase(it);
+    for (auto& [name, c] : s.consumers) c.pending.erase(seq);
+  }
+
+  void expire_messages(stream_state_impl& s) {
+    if (s.config.max_age <= duration::zero()) return;
+    auto cutoff = clock_->now() - s.config.max_age;
+    while (!s.msgs.empty() && s.msgs.begin()->second.msg.time <= cutoff) {
+      remove_message(s, s.msgs.begin()->first);
+    }
+  }
+
+  result<publish_ack> publish_locked(outgoing_message msg, deferred& after) {
+    if (auto r = subjects::check_subject(msg.subject); !r) return r.error();
+    stream_state_impl* s = nullptr;
+    std::string stream_name;
+    for (auto& [name, candidate] : streams_) {
+      for (const auto& filter : candidate.config.subjects) {
+        if (subjects::subject_matches(filter, msg.subject)) {
+          s = &candidate;
+          stream_name = name;
+        }
+      }
+    }
+    if (!s) {
+      return unexpected(errc::not_found,
+                        fmt::format("no stream captures subject \"{}\"", msg.subject));
+    }
+    const auto& cfg = s->config;
+    auto now = clock_->now();
+    expire_messages(*s);
+    if (!msg.msg_id.empty()) {
+      while (!s->dedup_order.empty() &&
+             s->dedup_order.front().first + cfg.duplicate_window <= now) {
+        auto& [t, id] = s->dedup_order.front();
+        auto it = s->dedup.find(id);
+        if (it != s->dedup.end() && it->second.second == t) s->dedup.erase(it);
+        s->dedup_order.pop_front();
+      }
+      if (auto it = s->dedup.find(msg.msg_id); it != s->dedup.end()) {
+        return publish_ack{.stream = stream_name, .seq = it->second.first, .duplicate = true};
+      }
+    }
+    if (cfg.max_msg_size > 0 && msg.data.size() > static_cast<std::size_t>(cfg.max_msg_size)) {
+      return unexpected(errc::payload_too_large,
+                        fmt::format("message of {} bytes exceeds max_msg_size {} of stream \"{}\"",
+                                    msg.data.size(), cfg.max_msg_size, stream_name));
+    }
+    auto bytes = message_bytes(msg);
+    auto& same_subject = s->by_subject[msg.subject];
+    if (cfg.discard == discard_policy::new_messages) {
+      bool full =
+          (cfg.max_msgs > 0 && s->msgs.size() >= static_cast<std::size_t>(cfg.max_msgs)) ||
+          (cfg.max_bytes > 0 && s->bytes + bytes > static_cast<std::uint64_t>(cfg.max_bytes)) ||
+          (cfg.max_msgs_per_subject > 0 &&
+           same_subject.size() >= static_cast<std::size_t>(cfg.max_msgs_per_subject));
+      if (full) {
+        if (same_subject.empty()) s->by_subject.erase(msg.subject);
+        return unexpected(errc::limit_exceeded, fmt::format("stream \"{}\" is full", stream_name));
+      }
+    }
+    auto seq = ++s->last_seq;
+    same_subject.insert(seq);
+    if (!msg.msg_id.empty()) {
+      s->dedup[msg.msg_id] = {seq, now};
+      s->dedup_order.emplace_back(now, msg.msg_id);
+    }
+    auto& stored = s->msgs[seq];
+    stored.bytes = bytes;
+    stored.msg.stream = stream_name;
+    stored.msg.subject = std::move(msg.subject);
+    stored.msg.data = std::move(msg.data);
+    stored.msg.headers = std::move(msg.headers);
+    stored.msg.seq = seq;
+    stored.msg.time = now;
+    s->bytes += bytes;
+    const auto subject = stored.msg.subject;
+    if (cfg.max_msgs_per_subject > 0) {
+      auto& subj = s->by_subject[subject];
+      while (subj.size() > static_cast<std::size_t>(cfg.max_msgs_per_subject)) {
+        remove_message(*s, *subj.begin());
+      }
+    }
+    while ((cfg.max_msgs > 0 && s->msgs.size() > static_cast<std::size_t>(cfg.max_msgs)) ||
+           (cfg.max_bytes > 0 && s->bytes > static_cast<std::uint64_t>(cfg.max_bytes))) {
+      remove_message(*s, s->msgs.begin()->first);
+    }
+    if (s->msgs.count(seq)) {
+      const auto& stored_msg = s->msgs.at(seq).msg;
+      std::erase_if(s->subs, [](const auto& x) { return x->queue->stopped(); });
+      for (auto& sub : s->subs) {
+        if (subjects::subject_matches(sub->filter, subject)) {
+          push_message(*sub, stored_msg);
+          after.drain(sub->queue);
+        }
+      }
+      for (auto& [name, c] : s->consumers) {
+        if (!c.waiters.empty() &&
+            subjects::subject_matches(filter_or_all(c.config.filter_subject), subject)) {
+          serve_waiters(*s, c, after);
+        }
+      }
+    }
+    return publish_ack{.stream = stream_name, .seq = seq, .duplicate = false};
+  }
+
+  static void push_message(ordered_sub& sub, const message& m) {
+    sub.queue->push([q = sub.on_message, m] { q(m); });
+  }
+
+  // ----- consumers ----------------------------------------------------------------
+
+  static consumer_info info(const stream_state_impl& s, const consumer_state& c) {
+    consumer_info i{.config = c.config};
+    auto filter = filter_or_all(c.config.filter_subject);
+    for (auto it = s.msgs.lower_bound(c.next_seq); it != s.msgs.end(); ++it) {
+      if (subjects::subject_matches(filter, it->second.msg.subject)) ++i.num_pending;
+    }
+    i.num_ack_pending = c.pending.size();
+    for (const auto& [seq, p] : c.pending) {
+      if (p.deliveries > 1) ++i.num_redelivered;
+    }
+    i.delivered_stream_seq = c.delivered_stream_seq;
+    i.ack_floor_stream_seq =
+        c.pending.empty() ? c.delivered_stream_seq : c.pending.begin()->first - 1;
+    return i;
+  }
+
+  std::string token(std::string_view stream, const consumer_state& c, std::uint64_t seq,
+                    std::uint64_t delivery) const {
+    // '.' cannot occur in stream or consumer names, so it separates the fields safely.
+    return fmt::format("$MEM.{}.{}.{}.{}.{}.{}", instance_, stream, c.config.durable, c.uid, seq,
+                       delivery);
+  }
+
+  message delivered(const stream_state_impl& s, const consumer_state& c, std::uint64_t seq,
+                    std::uint64_t delivery) const {
+    message m = s.msgs.at(seq).msg;
+    m.consumer = c.config.durable;
+    m.delivery_count = delivery;
+    m.consumer_seq = c.consumer_seq;
+    m.ack_token = token(s.config.name, c, seq, delivery);
+    return m;
+  }
+
+  std::vector<message> collect(stream_state_impl& s, consumer_state& c, std::size_t batch,
+                               time_point now) {
+    std::vector<message> out;
+    // Redeliveries that are due, in stream order.
+    for (auto it = c.pending.begin(); it != c.pending.end() && out.size() < batch;) {
+      auto& [seq, p] = *it;
+      if (!s.msgs.count(seq)) {
+        it = c.pending.erase(it);
+        continue;
+      }
+      bool exhausted = c.config.max_deliver > 0 &&
+                       p.deliveries >= static_cast<std::uint64_t>(c.config.max_deliver);
+      if (p.deadline <= now && !exhausted) {
+        ++p.deliveries;
+        p.deadline = now + c.config.ack_wait;
+        ++c.consumer_seq;
+        out.push_back(delivered(s, c, seq, p.deliveries));
+      }
+      ++it;
+    }
+    auto filter = filter_or_all(c.config.filter_subject);
+    while (out.size() < batch &&
+           (c.config.max_ack_pending <= 0 ||
+            c.pending.size() < static_cast<std::size_t>(c.config.max_ack_pending))) {
+      auto it = s.msgs.lower_bound(c.next_seq);
+      while (it != s.msgs.end() && !subjects::subject_matches(filter, it->second.msg.subject)) {
+        ++it;
+      }
+      if (it == s.msgs.end()) {
+        c.next_seq = s.last_seq + 1;
+        break;
+      }
+      auto seq = it->first;
+      c.next_seq = seq + 1;
+      c.delivered_stream_seq = seq;
+      c.pending[seq] = pending_delivery{.deliveries = 1, .deadline = now + c.config.ack_wait};
+      ++c.consumer_seq;
+      out.push_back(delivered(s, c, seq, 1));
+    }
+    return out;
+  }
+
+  void serve_waiters(stream_state_impl& s, consumer_state& c, deferred& after) {
+    auto now = clock_->now();
+    while (!c.waiters.empty()) {
+      auto& w = c.waiters.front();
+      if (w.deadline <= now) {
+        after.complete<std::vector<message>>(std::move(w.done), std::vector<message>{});
+        c.waiters.pop_front();
+        continue;
+      }
+      auto got = collect(s, c, w.batch, now);
+      if (got.empty()) break;
+      after.complete<std::vector<message>>(std::move(w.done), std::move(got));
+      c.waiters.pop_front();
+    }
+    arm_wake(s, c);
+  }
+
+  void fail_waiters(consumer_state& c, std::string_view name, deferred& after) {
+    for (auto& w : c.waiters) {
+      after.complete<std::vector<message>>(std::move(w.done), missing("consumer", name).value());
+    }
+    c.waiters.clear();
+    if (c.wake_timer) clock_->cancel(c.wake_timer);
+    c.wake_timer = 0;
+  }
+
+  // Keeps one clock timer per consumer with waiters, at the earliest moment something
+  // changes for them: a waiter's deadline or a redelivery falling due.
+  void arm_wake(stream_state_impl& s, consumer_state& c) {
+    if (c.waiters.empty()) {
+      if (c.wake_timer) clock_->cancel(c.wake_timer);
+      c.wake_timer = 0;
+      return;
+    }
+    auto now = clock_->now();
+    auto at = c.waiters.front().deadline;
+    for (const auto& w : c.waiters) at = std::min(at, w.deadline);
+    for (const auto& [seq, p] : c.pending) {
+      bool exhausted = c.config.max_deliver > 0 &&
+                       p.deliveries >= static_cast<std::uint64_t>(c.config.max_deliver);
+      if (p.deadline > now && !exhausted) at = std::min(at, p.deadline);
+    }
+    if (c.wake_timer && c.wake_at == at) return;
+    if (c.wake_timer) clock_->cancel(c.wake_timer);
+    c.wake_at = at;
+    std::weak_ptr<memory_backend> weak = weak_from_this();
+    c.wake_timer = clock_->call_at(
+        at, [weak, stream = s.config.name, durable = c.config.durable, uid = c.uid] {
+          if (auto self = weak.lock()) self->on_wake(stream, durable, uid);
+        });
+  }
+
+  void on_wake(const std::string& stream, const std::string& durable, std::uint64_t uid) {
+    deferred after;
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(stream);
+    if (!s) return;
+    auto it = s->consumers.find(durable);
+    if (it == s->consumers.end() || it->second.uid != uid) return;
+    it->second.wake_timer = 0;
+    expire_messages(*s);
+    serve_waiters(*s, it->second, after);
+  }
+
+  result<void> acknowledge_locked(const message& msg, ack_kind kind, duration nak_delay,
+                                  deferred& after) {
+    // $MEM.<instance>.<stream>.<consumer>.<uid>.<seq>.<delivery>
+    std::vector<std::string_view> parts;
+    std::string_view rest = msg.ack_token;
+    while (true) {
+      auto dot = rest.find('.');
+      parts.push_back(rest.substr(0, dot));
+      if (dot == std::string_view::npos) break;
+      rest.remove_prefix(dot + 1);
+    }
+    auto number = [](std::string_view v, std::uint64_t& out) {
+      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+      return ec == std::errc() && p == v.data() + v.size();
+    };
+    std::uint64_t instance = 0, uid = 0, seq = 0, delivery = 0;
+    if (parts.size() != 7 || parts[0] != "$MEM" || !number(parts[1], instance) ||
+        !number(parts[4], uid) || !number(parts[5], seq) || !number(parts[6], delivery) ||
+        instance != instance_) {
+      return unexpected(errc::bad_request, "not an ack token of this transport");
+    }
+    auto* s = find_stream(parts[2]);
+    if (!s) return missing("stream", parts[2]);
+    auto cit = s->consumers.find(parts[3]);
+    if (cit == s->consumers.end() || cit->second.uid != uid) return missing("consumer", parts[3]);
+    auto& c = cit->second;
+    auto pit = c.pending.find(seq);
+    if (pit == c.pending.end()) return {};  // no longer pending: JetStream ignores it
+    auto now = clock_->now();
+    switch (kind) {
+      case ack_kind::in_progress: pit->second.deadline = now + c.config.ack_wait; break;
+      case ack_kind::nak: pit->second.deadline = now + std::max(nak_delay, duration::zero()); break;
+      case ack_kind::ack:
+      case ack_kind::term:
+        c.pending.erase(pit);
+        if (s->config.retention == retention_policy::work_queue) {
+          remove_message(*s, seq);
+        } else if (s->config.retention == retention_policy::interest) {
+          remove_if_no_interest(*s, seq);
+        }
+        break;
+    }
+    serve_waiters(*s, c, after);
+    return {};
+  }
+
+  void remove_if_no_interest(stream_state_impl& s, std::uint64_t seq) {
+    auto it = s.msgs.find(seq);
+    if (it == s.msgs.end()) return;
+    for (const auto& [name, c] : s.consumers) {
+      if (!subjects::subject_matches(filter_or_all(c.config.filter_subject),
+                                     it->second.msg.subject)) {
+        continue;
+      }
+      if (seq >= c.next_seq || c.pending.count(seq)) return;
+    }
+    remove_message(s, seq);
+  }
+
+  // ----- KV -----------------------------------------------------------------------
+
+  bucket_state* find_bucket(std::string_view name) {
+    auto it = buckets_.find(name);
+    return it == buckets_.end() ? nullptr : &it->second;
+  }
+
+  // Applies the bucket TTL and due per-key TTLs.
+  void expire_bucket(bucket_state& b, deferred& after) {
+    auto now = clock_->now();
+    for (auto it = b.keys.begin(); it != b.keys.end();) {
+      expire_key(b, it->first, it->second, now, after);
+      it = it->second.empty() ? b.keys.erase(it) : std::next(it);
+    }
+  }
+
+  void expire_key(bucket_state& b, const std::string& key, std::deque<kv_revision>& revs,
+                  time_point now, deferred& after) {
+    if (revs.empty()) return;
+    auto latest = revs.back().entry.revision;
+    bool latest_expired_by_ttl =
+        revs.back().expires && *revs.back().expires <= now && revs.back().entry.op == kv_op::put;
+    std::erase_if(revs, [&](const kv_revision& r) {
+      return (r.expires && *r.expires <= now) ||
+             (b.config.ttl > duration::zero() && r.entry.created + b.config.ttl <= now);
+    });
+    if (latest_expired_by_ttl && (revs.empty() || revs.back().entry.revision != latest)) {
+      revs.clear();
+      append(b, key, kv_op::expired, {}, std::nullopt, after);
+    }
+  }
+
+  void append(bucket_state& b, const std::string& key, kv_op op, std::string value,
+              std::optional<time_point> expires, deferred& after) {
+    auto& revs = b.keys[key];
+    if (op == kv_op::purge || op == kv_op::expired) revs.clear();
+    kv_revision rev;
+    rev.entry.bucket = b.config.bucket;
+    rev.entry.key = key;
+    rev.entry.value = std::move(value);
+    rev.entry.revision = ++b.seq;
+    rev.entry.created = clock_->now();
+    rev.entry.op = op;
+    rev.expires = expires;
+    revs.push_back(rev);
+    while (revs.size() > static_cast<std::size_t>(b.config.history)) revs.pop_front();
+    std::erase_if(b.watchers, [](const auto& w) { return w->queue->stopped(); });
+    for (auto& w : b.watchers) {
+      if (subjects::subject_matches(w->filter, key)) {
+        w->queue->push([w, e = rev.entry] { w->on_entry(e); });
+        after.drain(w->queue);
+      }
+    }
+  }
+
+  result<kv_entry> kv_get_locked(std::string_view bucket, std::string_view key, deferred& after) {
+    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+    if (auto r = subjects::check_kv_key(key); !r) return r.error();
+    auto* b = find_bucket(bucket);
+    if (!b) return missing("bucket", bucket);
+    auto it = b->keys.find(key);
+    if (it != b->keys.end()) expire_key(*b, it->first, it->second, clock_->now(), after);
+    if (it == b->keys.end() || it->second.empty() || it->second.back().entry.op != kv_op::put) {
+      return missing("key", key);
+    }
+    return it->second.back().entry;
+  }
+
+  result<std::uint64_t> kv_write(std::string_view bucket, std::string_view key, kv_op op,
+                                 std::string value, std::optional<duration> ttl, write_rule rule,
+                                 std::uint64_t expected, deferred& after) {
+    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+    if (auto r = subjects::check_kv_key(key); !r) return r.error();
+    if (ttl && *ttl <= duration::zero()) {
+      return unexpected(errc::bad_request, "per-key ttl must be positive");
+    }
+    if (rule == write_rule::update && expected == 0) {
+      return unexpected(errc::bad_request, "update needs an expected revision of at least 1");
+    }
+    auto* b = find_bucket(bucket);
+    if (!b) return missing("bucket", bucket);
+    if (b->config.max_value_size > 0 &&
+        value.size() > static_cast<std::size_t>(b->config.max_value_size)) {
+      return unexpected(errc::payload_too_large,
+                        fmt::format("value of {} bytes exceeds max_value_size {} of bucket \"{}\"",
+                                    value.size(), b->config.max_value_size, bucket));
+    }
+    auto now = clock_->now();
+    auto it = b->keys.find(key);
+    if (it != b->keys.end()) expire_key(*b, it->first, it->second, now, after);
+    const kv_revision* last =
+        (it == b->keys.end() || it->second.empty()) ? nullptr : &it->second.back();
+    if (rule == write_rule::create && last && last->entry.op == kv_op::put) {
+      return unexpected(errc::conflict,
+                        fmt::format("key \"{}\" exists (revision {})", key, last->entry.revision));
+    }
+    if (rule == write_rule::update && (!last || last->entry.revision != expected)) {
+      return unexpected(errc::conflict,
+                        fmt::format("key \"{}\": wrong last revision {} (expected {})", key,
+                                    last ? last->entry.revision : 0, expected));
+    }
+    std::optional<time_point> expires;
+    if (ttl) expires = now + *ttl;
+    std::string k(key);
+    append(*b, k, op, std::move(value), expires, after);
+    auto revision = b->seq;
+    if (expires) arm_ttl(b->config.bucket, *expires);
+    return revision;
+  }
+
+  void arm_ttl(const std::string& bucket, time_point at) {
+    std::weak_ptr<memory_backend> weak = weak_from_this();
+    auto id = std::make_shared<timer_id>(0);
+    *id = clock_->call_at(at, [weak, bucket, id] {
+      auto self = weak.lock();
+      if (!self) return;
+      deferred after;
+      std::lock_guard lock(self->mu_);
+      self->ttl_timers_.erase(*id);
+      if (auto* b = self->find_bucket(bucket)) self->expire_bucket(*b, after);
+    });
+    ttl_timers_.insert(*id);
+  }
+
+  std::shared_ptr<amp::clock> clock_;
+  const std::uint64_t instance_;
+  std::mutex mu_;
+  std::map<std::string, stream_state_impl, std::less<>> streams_;
+  std::map<std::string, bucket_state, std::less<>> buckets_;
+  std::set<timer_id> ttl_timers_;
+  std::uint64_t last_uid_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<transport> memory_transport::create(memory_transport_options options) {
+  auto clock = options.clock ? std::move(options.clock) : system_clock_source::shared();
+  return std::make_shared<memory_backend>(std::move(clock));
+}
+
+}  // namespace amp
