@@ -1,0 +1,62 @@
+#pragma once
+
+/// \file
+/// The envelope: what a message, an event or a task carries (spec §5, §6, §7), and its
+/// JSON form.
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "amp/clock.hpp"
+#include "amp/result.hpp"
+
+namespace amp {
+
+/// A message as stored and delivered. For the optional text fields (`type`, `reply_to`,
+/// `correlation`) the empty string means absent; `headers` may be empty.
+struct envelope {
+  std::string id;    ///< the message id (`msg_id`), 1..128 printable characters
+  std::string from;  ///< sender: a participant name, or `$broker`
+  std::string to;    ///< recipient: a participant or job name, or a topic
+  std::string ns;    ///< namespace
+  std::string type;  ///< optional message type, e.g. `review.request`
+  time_point ts;     ///< when the broker accepted it; written with millisecond precision
+  std::string body;  ///< the body: one serialized JSON value (see `parse_envelope`)
+  std::vector<std::pair<std::string, std::string>> headers;  ///< in document order
+  std::string reply_to;     ///< optional participant name to answer to
+  std::string correlation;  ///< optional, 1..256 characters
+
+  friend bool operator==(const envelope&, const envelope&) = default;
+};
+
+/// Reads an envelope from its JSON form.
+///
+/// The text is first validated against the embedded `envelope` schema
+/// (`schemas/envelope.json`), so every failure names its place: `invalid_envelope` with
+/// `error().path()` the JSON Pointer of the failing member (`/from`, `/headers`, `/ts`…,
+/// or `""` when the text is not an object) and a message that includes it. `ts` must
+/// also be a real instant (`invalid_envelope` at `/ts` for e.g. February 30). Members
+/// the schema does not know are ignored. A header name appearing twice is
+/// `invalid_envelope` at `/headers/<name>`.
+///
+/// `body` keeps the value minified: the same JSON value, whitespace removed, strings
+/// with only the escapes JSON requires (`"\u00e9"` becomes `"é"`), numbers re-printed by
+/// simdjson (`1.10` becomes `1.1`, `1e2` becomes `100.0`). Re-parsing a minified body
+/// gives it back unchanged.
+///
+/// Errors: `bad_request` when the text is not JSON (invalid UTF-8, truncated, numbers that
+/// fit neither a 64-bit integer nor a double …), with the parser's description;
+/// `invalid_envelope` as above. Thread-safe.
+result<envelope> parse_envelope(std::string_view json);
+
+/// Writes `e` as a JSON object with the members in the order id, from, to, ns, type, ts,
+/// body, headers, reply_to, correlation; empty optional members are left out. `body` is
+/// spliced as it is (it must be one JSON value; an empty `body` is written as `null`);
+/// `ts` is written by `format_timestamp`. Nothing is validated.
+/// For an envelope that `parse_envelope` accepts, or one built with valid fields and a
+/// whole-millisecond `ts`, `parse_envelope(to_json(e)) == e`. Thread-safe.
+std::string to_json(const envelope& e);
+
+}  // namespace amp

@@ -1,0 +1,57 @@
+#pragma once
+
+/// \file
+/// JSON Schema (draft 7) validation: the envelope schema compiled into the library, and
+/// the per-type body schemas of the server's configuration (spec §8).
+
+#include <memory>
+#include <string_view>
+
+#include "amp/result.hpp"
+
+namespace amp {
+
+namespace detail {
+struct schema_access;
+}
+
+/// A parsed JSON Schema, draft 7.
+///
+/// Supported: what valijson supports of draft 7 (no remote `$ref`; `format` is not
+/// checked). `pattern` and `patternProperties` use `std::regex` (ECMAScript grammar);
+/// libstdc++ matches recursively, so an unbounded repetition (`.*`, `[a-z]+`) applied to
+/// a string of some tens of thousands of characters can exhaust the stack: prefer bounded
+/// repetitions (`{0,64}`) together with `maxLength` in schemas that face untrusted input.
+///
+/// Threads: a schema is immutable once parsed; `validate` may be called on one schema
+/// from any number of threads at once. Copies are cheap and share the parsed schema.
+/// A moved-from schema may only be assigned to or destroyed.
+class json_schema {
+ public:
+  /// Parses a schema document.
+  /// Errors: `bad_request` when `schema_json` is not JSON ("not valid JSON: …"), or when it
+  /// is not a schema valijson accepts, or holds a `pattern` that is not a valid regular
+  /// expression ("invalid JSON Schema: …" with the reason).
+  static result<json_schema> parse(std::string_view schema_json);
+
+  /// One of the schemas compiled into the library from `schemas/` (e.g. `"envelope"`),
+  /// parsed on first use and shared afterwards.
+  /// Errors: `not_found` for an unknown name. Thread-safe.
+  static result<json_schema> embedded(std::string_view name);
+
+  /// Validates one JSON document.
+  /// Errors: `bad_request` when `document_json` is not JSON; `invalid_envelope` when it
+  /// does not match, with `error().path()` the JSON Pointer of the most specific failing
+  /// value (e.g. `/items/2/name`; `""` for the document itself; for a missing required
+  /// member, the pointer the member would have) and a message of the form
+  /// `"at /items/2/name: <reason>"` (`"at the root: <reason>"` for `""`).
+  result<void> validate(std::string_view document_json) const;
+
+ private:
+  friend struct detail::schema_access;
+  struct impl;
+  explicit json_schema(std::shared_ptr<const impl> p) : impl_(std::move(p)) {}
+  std::shared_ptr<const impl> impl_;
+};
+
+}  // namespace amp

@@ -1,0 +1,116 @@
+#include "amp/envelope.hpp"
+
+#include <optional>
+
+#include "amp/json.hpp"
+#include "amp/schema.hpp"
+#include "amp/timestamp.hpp"
+#include "detail/simdjson_adapter.hpp"
+
+namespace amp {
+namespace {
+
+namespace dom = simdjson::dom;
+
+// The member `name` of an object the envelope schema has accepted, or "" when absent.
+std::string string_member(dom::object object, std::string_view name) {
+  std::string_view value;
+  if (object.at_key(name).get_string().get(value)) {
+    return {};
+  }
+  return std::string(value);
+}
+
+}  // namespace
+
+result<envelope> parse_envelope(std::string_view json) {
+  static const std::optional<json_schema> schema = []() -> std::optional<json_schema> {
+    auto embedded = json_schema::embedded("envelope");
+    return embedded ? std::optional(*std::move(embedded)) : std::nullopt;
+  }();
+  if (!schema) {
+    return unexpected(errc::internal, "the embedded envelope schema does not parse");
+  }
+
+  // A dom::parser is not thread-safe: one per thread, reused for its buffers.
+  thread_local dom::parser parser;
+  dom::element root;
+  if (auto code = parser.parse(json.data(), json.size()).get(root)) {
+    return detail::not_json_error(code);
+  }
+  if (auto valid = detail::schema_access::validate(*schema, root); !valid) {
+    return std::move(valid).error();
+  }
+
+  // From here on the schema guarantees an object with members of the right types.
+  const dom::object object = root.get_object().value_unsafe();
+  envelope e;
+  e.id = string_member(object, "id");
+  e.from = string_member(object, "from");
+  e.to = string_member(object, "to");
+  e.ns = string_member(object, "ns");
+  e.type = string_member(object, "type");
+  e.reply_to = string_member(object, "reply_to");
+  e.correlation = string_member(object, "correlation");
+
+  auto ts = parse_timestamp(string_member(object, "ts"));
+  if (!ts) {
+    return unexpected(errc::invalid_envelope, "at /ts: " + ts.error().message(), "/ts");
+  }
+  e.ts = *ts;
+
+  e.body = simdjson::minify(object.at_key("body").value_unsafe());
+
+  dom::object headers;
+  if (!object.at_key("headers").get_object().get(headers)) {
+    for (auto [name, value] : headers) {
+      for (const auto& seen : e.headers) {
+        if (seen.first == name) {
+          std::string path = "/headers";
+          detail::append_pointer_token(path, name);
+          std::string message =
+              "at " + path + ": header " + json_quote(name) + " appears more than once";
+          return unexpected(errc::invalid_envelope, std::move(message), std::move(path));
+        }
+      }
+      e.headers.emplace_back(std::string(name), std::string(value.get_string().value_unsafe()));
+    }
+  }
+  return e;
+}
+
+std::string to_json(const envelope& e) {
+  json_writer w(160 + e.body.size());
+  w.begin_object();
+  w.key("id").string(e.id);
+  w.key("from").string(e.from);
+  w.key("to").string(e.to);
+  w.key("ns").string(e.ns);
+  if (!e.type.empty()) {
+    w.key("type").string(e.type);
+  }
+  w.key("ts").string(format_timestamp(e.ts));
+  w.key("body");
+  if (e.body.empty()) {
+    w.null();
+  } else {
+    w.raw(e.body);
+  }
+  if (!e.headers.empty()) {
+    w.key("headers").begin_object();
+    for (const auto& [name, value] : e.headers) {
+      w.key(name).string(value);
+    }
+    w.end_object();
+  }
+  if (!e.reply_to.empty()) {
+    w.key("reply_to").string(e.reply_to);
+  }
+  if (!e.correlation.empty()) {
+    w.key("correlation").string(e.correlation);
+  }
+  w.end_object();
+  return w.take();
+}
+
+}  // namespace amp
