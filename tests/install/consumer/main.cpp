@@ -8,8 +8,11 @@
 #include <system_error>
 
 #include "amp/clock.hpp"
+#include "amp/envelope.hpp"
 #include "amp/error.hpp"
+#include "amp/names.hpp"
 #include "amp/result.hpp"
+#include "amp/transport/memory.hpp"
 
 namespace {
 
@@ -59,7 +62,33 @@ int main() {
   expect(ran.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready,
          "system_clock_source runs a timer");
 
-  if (failures == 0)
-    std::puts("amp consumer: ok");
+  // The transport, the names and the envelope: the library's own dependencies
+  // (simdjson, fmt) must come along through the package.
+  auto clock = std::make_shared<amp::manual_clock>();
+  auto transport = amp::memory_transport::create({.clock = clock});
+  expect(transport
+             ->ensure_stream({.name = "JOBS",
+                              .subjects = {"jobs.*"},
+                              .retention = amp::retention_policy::work_queue})
+             .has_value(),
+         "ensure_stream");
+  expect(transport->ensure_consumer({.stream = "JOBS", .durable = "w"}).has_value(),
+         "ensure_consumer");
+  auto published = transport->publish({.subject = "jobs.resize", .data = "x", .msg_id = "t1"});
+  expect(published.has_value() && published.value().seq == 1, "publish");
+  auto fetched = transport->fetch("JOBS", "w", {.batch = 1});
+  expect(fetched.has_value() && fetched.value().size() == 1, "fetch");
+  if (fetched.has_value() && !fetched.value().empty()) {
+    expect(transport->ack(fetched.value().front()).has_value(), "ack");
+  }
+  auto bad_subject = transport->publish({.subject = "jobs. resize"});
+  expect(!bad_subject.has_value() && bad_subject.error() == amp::errc::invalid_name,
+         "a subject with a space is invalid_name");
+  expect(!amp::participant_name::make("Bob").has_value(), "participant names are checked");
+  auto env = amp::parse_envelope(
+      R"({"id":"m1","from":"alice","to":"bob","ns":"demo","ts":"2026-11-30T12:00:00.123Z","body":{"n":1}})");
+  expect(env.has_value() && env.value().body == R"({"n":1})", "parse_envelope");
+
+  if (failures == 0) std::puts("amp consumer: ok");
   return failures == 0 ? 0 : 1;
 }
