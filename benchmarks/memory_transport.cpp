@@ -62,8 +62,7 @@ struct baseline {
     std::lock_guard lock(mu);
     std::vector<std::pair<std::uint64_t, std::string>> out;
     for (auto it = queue.begin(); it != queue.end() && out.size() < batch; ++it) {
-      if (pending.count(it->first))
-        continue;
+      if (pending.count(it->first)) continue;
       pending.emplace(it->first, 1);
       out.emplace_back(it->first, it->second);
     }
@@ -77,8 +76,7 @@ struct baseline {
   bool update(const std::string& key, std::string value, std::uint64_t expected) {
     std::lock_guard lock(mu);
     auto& slot = kv[key];
-    if (slot.second != expected)
-      return false;
+    if (slot.second != expected) return false;
     slot = {std::move(value), ++kv_seq};
     return true;
   }
@@ -99,8 +97,7 @@ figure run_publish(std::size_t n, const std::string& payload) {
   });
   baseline b;
   double base_rate = per_second(n, [&] {
-    for (std::size_t i = 0; i < n; ++i)
-      b.publish(payload);
+    for (std::size_t i = 0; i < n; ++i) b.publish(payload);
   });
   return {"publish", amp_rate, base_rate};
 }
@@ -118,8 +115,7 @@ figure run_fetch_ack(std::size_t n, const std::string& payload, std::size_t batc
     check(t->publish({.subject = "bench.job", .data = payload}).has_value(), "publish");
   }
   baseline b;
-  for (std::size_t i = 0; i < n; ++i)
-    b.publish(payload);
+  for (std::size_t i = 0; i < n; ++i) b.publish(payload);
 
   double amp_rate = per_second(n, [&] {
     std::size_t got = 0;
@@ -138,8 +134,7 @@ figure run_fetch_ack(std::size_t n, const std::string& payload, std::size_t batc
     while (got < n) {
       auto msgs = b.fetch(batch);
       check(!msgs.empty(), "baseline fetch");
-      for (const auto& m : msgs)
-        b.ack(m.first);
+      for (const auto& m : msgs) b.ack(m.first);
       got += msgs.size();
     }
   });
@@ -189,10 +184,8 @@ int main(int argc, char** argv) {
   std::size_t n = 200000;
   int runs = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--messages"))
-      n = std::strtoull(argv[i + 1], nullptr, 10);
-    if (!std::strcmp(argv[i], "--runs"))
-      runs = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--messages")) n = std::strtoull(argv[i + 1], nullptr, 10);
+    if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
   }
   const std::string payload(128, 'x');
   std::printf("memory transport, %zu operations per figure, 128-byte payloads, median of %d runs\n",
@@ -207,8 +200,7 @@ int main(int argc, char** argv) {
       {"kv update", run_kv_update}};
   for (auto& [name, fn] : all) {
     std::vector<figure> got;
-    for (int r = 0; r < runs; ++r)
-      got.push_back(fn(n, payload));
+    for (int r = 0; r < runs; ++r) got.push_back(fn(n, payload));
     std::sort(got.begin(), got.end(),
               [](const figure& a, const figure& b) { return a.amp_per_s < b.amp_per_s; });
     const auto& med = got[got.size() / 2];

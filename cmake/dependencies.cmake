@@ -5,3 +5,8 @@ find_package(simdjson REQUIRED)
 find_package(fmt REQUIRED)
 find_package(valijson REQUIRED)
 find_package(PkgConfig REQUIRED)
+# cnats has a CMake config on Debian, but it names a static library and a protobuf-c
+# library that the package does not ship: use pkg-config.
+if(NOT TARGET PkgConfig::NATS)
+  pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
+endif()

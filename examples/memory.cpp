@@ -25,14 +25,12 @@ int main() {
   amp::stream_config jobs{.name = "EXAMPLE_JOBS",
                           .subjects = {"example.job.*"},
                           .retention = amp::retention_policy::work_queue};
-  if (auto r = transport->ensure_stream(jobs); !r)
-    return fail("stream", r.error());
+  if (auto r = transport->ensure_stream(jobs); !r) return fail("stream", r.error());
   amp::consumer_config worker{.stream = "EXAMPLE_JOBS",
                               .durable = "resize",
                               .filter_subject = "example.job.resize",
                               .ack_wait = std::chrono::seconds(30)};
-  if (auto r = transport->ensure_consumer(worker); !r)
-    return fail("consumer", r.error());
+  if (auto r = transport->ensure_consumer(worker); !r) return fail("consumer", r.error());
   if (auto r = transport->ensure_bucket({.bucket = "EXAMPLE_TASKS", .history = 8}); !r) {
     return fail("bucket", r.error());
   }
@@ -47,8 +45,7 @@ int main() {
                                    .data = "image-" + std::to_string(i) + ".png",
                                    .headers = {{"task", id}},
                                    .msg_id = id});
-    if (!ack)
-      return fail("publish", ack.error());
+    if (!ack) return fail("publish", ack.error());
     std::printf("submitted %s as job message %llu\n", id.c_str(),
                 static_cast<unsigned long long>(ack->seq));
   }
@@ -56,23 +53,17 @@ int main() {
   int done = 0;
   while (true) {
     auto batch = transport->fetch("EXAMPLE_JOBS", "resize", {.batch = 2});
-    if (!batch)
-      return fail("fetch", batch.error());
-    if (batch->empty())
-      break;
+    if (!batch) return fail("fetch", batch.error());
+    if (batch->empty()) break;
     for (const auto& msg : *batch) {
       std::string id(amp::find_header(msg.headers, "task").value_or(""));
       auto record = transport->kv_get("EXAMPLE_TASKS", id);
-      if (!record)
-        return fail("read task", record.error());
+      if (!record) return fail("read task", record.error());
       auto claimed = transport->kv_update("EXAMPLE_TASKS", id, "running", record->revision);
-      if (!claimed)
-        return fail("claim", claimed.error());
+      if (!claimed) return fail("claim", claimed.error());
       auto completed = transport->kv_update("EXAMPLE_TASKS", id, "completed:" + msg.data, *claimed);
-      if (!completed)
-        return fail("complete", completed.error());
-      if (auto r = transport->ack(msg); !r)
-        return fail("ack", r.error());
+      if (!completed) return fail("complete", completed.error());
+      if (auto r = transport->ack(msg); !r) return fail("ack", r.error());
       std::printf("worker completed %s (%s) at revision %llu\n", id.c_str(), msg.data.c_str(),
                   static_cast<unsigned long long>(*completed));
       ++done;
@@ -80,8 +71,7 @@ int main() {
   }
 
   auto info = transport->stream_info_of("EXAMPLE_JOBS");
-  if (!info)
-    return fail("stream info", info.error());
+  if (!info) return fail("stream info", info.error());
   if (done != tasks || info->state.messages != 0) {
     std::fprintf(stderr, "amp-example-memory: completed %d of %d, %llu left in the queue\n", done,
                  tasks, static_cast<unsigned long long>(info->state.messages));

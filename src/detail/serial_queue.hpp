@@ -16,15 +16,13 @@ class serial_queue {
  public:
   void push(std::function<void()> fn) {
     std::lock_guard lock(mu_);
-    if (!stopped_)
-      q_.push_back(std::move(fn));
+    if (!stopped_) q_.push_back(std::move(fn));
   }
 
   // Runs what is queued unless another thread is already doing so.
   void drain() {
     std::unique_lock lock(mu_);
-    if (draining_)
-      return;
+    if (draining_) return;
     draining_ = true;
     drainer_ = std::this_thread::get_id();
     while (!q_.empty() && !stopped_) {

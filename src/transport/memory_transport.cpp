@@ -13,6 +13,7 @@
 
 #include "amp/subjects.hpp"
 #include "detail/serial_queue.hpp"
+#include "transport/stream_rules.hpp"
 
 namespace amp {
 namespace {
@@ -553,6 +554,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     for (const auto& s : c.subjects) {
       if (auto r = subjects::check_filter(s); !r) return r;
     }
+    if (auto r = detail::check_own_overlap(c); !r) return r;
     if (c.replicas < 1 || c.replicas > 5) {
       return unexpected(
           errc::bad_request,

@@ -34,8 +34,7 @@ TEST_CASE("manual clock runs timers that callbacks set inside the advanced inter
   auto t0 = clock.now();
   int chain = 0;
   std::function<void()> step = [&] {
-    if (++chain < 5)
-      clock.call_at(clock.now() + 1s, step);
+    if (++chain < 5) clock.call_at(clock.now() + 1s, step);
   };
   clock.call_at(t0 + 1s, step);
   clock.advance(10s);

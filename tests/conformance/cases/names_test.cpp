@@ -74,6 +74,12 @@ TEST_CASE("a stream subject with spaces, empty tokens or misplaced wildcards is 
   }
   // Wildcards in their places are fine.
   good.subjects = {n + ".*.x", n + ".y.>"};
+  CHECK(code_of(t.ensure_stream(good)) == errc::bad_request);  // they overlap: n.y.x
+  good.subjects = {n + ".*.x", n + ".z.>"};
+  CHECK(code_of(t.ensure_stream(good)) == errc::bad_request);  // n.z.x again
+  good.subjects = {n + ".*.x", n + ".y.>.z"};
+  CHECK(code_of(t.ensure_stream(good)) == errc::invalid_name);
+  good.subjects = {n + ".*.x", n + ".y.*.>"};
   auto s = create_stream(t, good);
   CHECK(publish_ok(t, n + ".a.x") == 1);
   CHECK(publish_ok(t, n + ".y.b.c") == 2);

@@ -1,0 +1,60 @@
+#pragma once
+
+/// \file
+/// The JetStream transport: `amp::transport` on a NATS server with JetStream, through
+/// cnats. Works with nats-server 2.9 and later, single servers and clusters.
+///
+/// Threads. Data operations are asynchronous requests multiplexed over one connection:
+/// their handlers, and the callbacks of subscriptions and watches, run on cnats delivery
+/// threads (one per subscription), never on the caller's thread, except that a request
+/// refused before it is sent (a bad name, a connection that is down) completes at once on
+/// the calling thread. Timeouts are enforced on the transport clock's timer thread. A
+/// handler must not call a blocking wrapper (`publish`, `fetch`, `kv_get` ...) of the same
+/// transport: its answer would be delivered on the very thread that waits for it.
+/// Administrative operations block the calling thread for at most `op_timeout`.
+///
+/// Outages. cnats reconnects on its own, forever. While the server cannot be reached,
+/// every operation answers `unavailable` within `op_timeout`; a request that was sent
+/// before the connection dropped may still have been applied, so a publish that answered
+/// `unavailable` should be retried with the same `msg_id` (deduplicated by the stream).
+/// During a cluster leader election JetStream answers "no responders"; such requests are
+/// retried with backoff until `op_timeout`.
+
+#include <memory>
+#include <string>
+
+#include "amp/clock.hpp"
+#include "amp/result.hpp"
+#include "amp/transport/transport.hpp"
+
+namespace amp {
+
+struct jetstream_options {
+  /// Server URL, or several separated by commas (a cluster).
+  std::string url = "nats://127.0.0.1:4222";
+  /// A NATS credentials file (JWT and NKey seed), if the server requires one.
+  std::string creds_file{};
+  /// Connection name shown by the server's monitoring.
+  std::string name = "amp";
+  /// Every operation completes within this time (`unavailable` when the server does not
+  /// answer in time). A fetch may wait its own `max_wait` on top.
+  duration op_timeout = std::chrono::seconds(5);
+  /// How long the first connection attempt may take before `connect` fails.
+  duration connect_timeout = std::chrono::seconds(2);
+  /// Pause between reconnection attempts.
+  duration reconnect_wait = std::chrono::milliseconds(250);
+  /// The clock for timeouts and timestamps; the system clock when null.
+  std::shared_ptr<amp::clock> clock{};
+};
+
+/// Factory of JetStream transports.
+class jetstream_transport {
+ public:
+  jetstream_transport() = delete;
+
+  /// Connects and checks that JetStream answers. `unavailable` when the server cannot be
+  /// reached or has no JetStream; `bad_request` for a malformed URL or credentials file.
+  static result<std::shared_ptr<transport>> connect(jetstream_options options);
+};
+
+}  // namespace amp
