@@ -259,6 +259,15 @@ simdjson::dom::parser& local_parser() {
 
 // ----- connection and request multiplexer --------------------------------------------
 
+// Whether this thread is inside a cnats callback: a connection must not be closed there.
+thread_local int callback_depth = 0;
+struct in_callback_scope {
+  in_callback_scope() { ++callback_depth; }
+  ~in_callback_scope() { --callback_depth; }
+  in_callback_scope(const in_callback_scope&) = delete;
+  in_callback_scope& operator=(const in_callback_scope&) = delete;
+};
+
 struct nats_reply {
   std::string data;
   natsMsg* msg = nullptr;  // valid only during the callback
@@ -288,7 +297,25 @@ class connection : public std::enable_shared_from_this<connection> {
   connection(std::shared_ptr<amp::clock> clock, duration op_timeout)
       : clock_(std::move(clock)), op_timeout_(op_timeout) {}
 
+  // Requests still outstanding are answered `unavailable` ("transport closed").
   ~connection() {
+    std::unordered_map<std::uint64_t, std::shared_ptr<pending_request>> left;
+    {
+      std::lock_guard lock(mu_);
+      left.swap(pending_);
+    }
+    for (auto& [token, p] : left) {
+      clock_->cancel(p->timer);
+      if (p->sub) {
+        natsSubscription_Unsubscribe(p->sub);
+        natsSubscription_Destroy(p->sub);
+      }
+      std::lock_guard plock(p->mu);
+      if (!p->finished) {
+        p->finished = true;
+        p->on_timeout();
+      }
+    }
     if (mux_sub_) {
       natsSubscription_Unsubscribe(mux_sub_);
       natsSubscription_Destroy(mux_sub_);
@@ -298,8 +325,6 @@ class connection : public std::enable_shared_from_this<connection> {
       natsConnection_Close(nc_);
       natsConnection_Destroy(nc_);
     }
-    std::lock_guard lock(mu_);
-    for (auto& [token, p] : pending_) clock_->cancel(p->timer);
   }
 
   result<void> open(const jetstream_options& o) {
@@ -522,12 +547,14 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   static void on_reply(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
+    in_callback_scope scope;
     auto* self = static_cast<connection*>(closure);
     self->dispatch(m);
     natsMsg_Destroy(m);
   }
 
   static void on_private(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
+    in_callback_scope scope;
     auto* inbox = static_cast<private_inbox*>(closure);
     if (auto self = inbox->conn.lock()) self->deliver(inbox->token, m);
     natsMsg_Destroy(m);
@@ -798,6 +825,7 @@ struct push_state {
 };
 
 void on_push(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
+  in_callback_scope scope;
   auto* st = static_cast<push_state*>(closure);
   if (!st->queue->stopped()) {
     st->handle(m);
@@ -816,6 +844,13 @@ class jetstream_backend final : public transport,
                                 public std::enable_shared_from_this<jetstream_backend> {
  public:
   explicit jetstream_backend(std::shared_ptr<connection> conn) : conn_(std::move(conn)) {}
+
+  // The last reference may go away in a handler on a cnats thread, where closing the
+  // connection would wait for that very thread: close it from another one then.
+  ~jetstream_backend() override {
+    if (callback_depth > 0)
+      std::thread([conn = std::move(conn_)]() mutable { conn.reset(); }).detach();
+  }
 
   result<void> detect_capabilities() {
     // Per-key TTL (nats-server 2.11) needs streams that accept `allow_msg_ttl`: older
