@@ -47,22 +47,26 @@ class timer_queue {
 }  // namespace
 
 struct system_clock_source::impl {
+  // The idle thread wakes at least this often, so that a timer set far ahead does not
+  // need to wake it (most timers are timeouts that are cancelled long before they fire).
+  static constexpr auto idle_wait = std::chrono::seconds(1);
+
   std::mutex mu;
   std::condition_variable cv;
   timer_queue timers;
   bool stopping = false;
   std::thread thread;
+  time_point sleeping_until = time_point::min();  // when the thread wakes on its own
 
   void run() {
     std::unique_lock lock(mu);
     while (!stopping) {
-      if (timers.empty()) {
-        cv.wait(lock);
-        continue;
-      }
-      auto next = timers.next();
-      if (std::chrono::system_clock::now() < next) {
-        cv.wait_until(lock, next);
+      auto now = std::chrono::system_clock::now();
+      if (timers.empty() || now < timers.next()) {
+        sleeping_until =
+            timers.empty() ? now + idle_wait : std::min(timers.next(), now + idle_wait);
+        cv.wait_until(lock, sleeping_until);
+        sleeping_until = time_point::min();
         continue;
       }
       auto fn = timers.pop();
@@ -92,7 +96,7 @@ timer_id system_clock_source::call_at(time_point at, std::function<void()> fn) {
   std::lock_guard lock(impl_->mu);
   if (!impl_->thread.joinable()) impl_->thread = std::thread([i = impl_.get()] { i->run(); });
   auto id = impl_->timers.add(at, std::move(fn));
-  impl_->cv.notify_all();
+  if (at < impl_->sleeping_until) impl_->cv.notify_all();
   return id;
 }
 

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <future>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -28,6 +29,7 @@ using namespace std::chrono_literals;
 
 constexpr std::string_view k_ack_prefix = "$JS.ACK.";
 constexpr std::string_view k_kv_op = "KV-Operation";
+constexpr auto k_pull_quiet = std::chrono::milliseconds(100);
 
 // ----- small helpers ------------------------------------------------------------------
 
@@ -281,15 +283,19 @@ struct pending_request {
   std::function<bool(natsMsg*)> on_msg;
   std::function<void()> on_timeout;
   timer_id timer = 0;
-  natsSubscription* sub = nullptr;  // a private inbox (pulls), else the shared one
+  std::shared_ptr<struct pull_inbox> inbox;  // pulls: their own inbox, else the shared one
 };
 
 class connection;
 
-// The closure of a private inbox subscription.
-struct private_inbox {
+// A reply subscription of its own, reused by one pull after another of one consumer. It
+// is also the closure of its cnats subscription.
+struct pull_inbox {
   std::weak_ptr<connection> conn;
-  std::uint64_t token = 0;
+  std::string key;  // "<stream>.<consumer>"
+  std::string subject;
+  natsSubscription* sub = nullptr;
+  std::uint64_t token = 0;  // the pull in flight; 0 when idle (guarded by connection::mu_)
 };
 
 class connection : public std::enable_shared_from_this<connection> {
@@ -306,16 +312,15 @@ class connection : public std::enable_shared_from_this<connection> {
     }
     for (auto& [token, p] : left) {
       clock_->cancel(p->timer);
-      if (p->sub) {
-        natsSubscription_Unsubscribe(p->sub);
-        natsSubscription_Destroy(p->sub);
-      }
-      std::lock_guard plock(p->mu);
-      if (!p->finished) {
+      // A request being answered right now (perhaps by this very thread, whose handler
+      // dropped the last reference) is finished by its answer.
+      std::unique_lock plock(p->mu, std::try_to_lock);
+      if (plock && !p->finished) {
         p->finished = true;
         p->on_timeout();
       }
     }
+    for (auto& inbox : all_inboxes_) close_inbox(inbox.get());
     if (mux_sub_) {
       natsSubscription_Unsubscribe(mux_sub_);
       natsSubscription_Destroy(mux_sub_);
@@ -355,8 +360,6 @@ class connection : public std::enable_shared_from_this<connection> {
     natsOptions_SetPingInterval(opts, 2000);
     natsOptions_SetMaxPingsOut(opts, 2);
     natsOptions_SetMaxPendingMsgs(opts, 1 << 20);
-    // A pool of delivery threads instead of one thread per subscription.
-    natsOptions_UseGlobalMessageDelivery(opts, true);
     if (!o.creds_file.empty() &&
         natsOptions_SetUserCredentialsFromFiles(opts, o.creds_file.c_str(), nullptr) != NATS_OK) {
       return unexpected(errc::bad_request,
@@ -392,31 +395,29 @@ class connection : public std::enable_shared_from_this<connection> {
 
   // Sends one message expecting responses on a fresh reply subject. Returns an error when
   // it cannot be sent (then no callback runs).
-  // With `own_inbox` the responses come to a subscription of their own: needed for pulls,
-  // whose messages keep their stream subject and so cannot be told apart on the shared
-  // reply subscription.
+  // With a `pull_key` ("<stream>.<consumer>") the responses come to an inbox of their own:
+  // pulled messages keep their stream subject, so they cannot be told apart on the shared
+  // reply subscription. Inboxes are kept per consumer and reused.
   result<void> send(const std::string& subject, std::string_view data, const header_list* headers,
                     time_point deadline, std::function<bool(natsMsg*)> on_msg,
-                    std::function<void()> on_timeout, bool own_inbox = false) {
+                    std::function<void()> on_timeout, const std::string* pull_key = nullptr) {
     auto p = std::make_shared<pending_request>();
     p->on_msg = std::move(on_msg);
     p->on_timeout = std::move(on_timeout);
     auto token = ++last_token_;
-    std::string reply = prefix_ + (own_inbox ? "p." : "") + std::to_string(token);
-    if (own_inbox) {
-      auto* closure = new private_inbox{weak_from_this(), token};
-      auto s =
-          natsConnection_Subscribe(&p->sub, nc_, reply.c_str(), &connection::on_private, closure);
-      if (s != NATS_OK) {
-        delete closure;
-        return unexpected(status_error(s, 0, fmt::format("subscribe for {}", subject)));
-      }
-      natsSubscription_SetOnCompleteCB(p->sub, &connection::free_private, closure);
-      natsSubscription_SetPendingLimits(p->sub, -1, -1);
+    std::string reply;
+    if (pull_key) {
+      auto inbox = take_inbox(*pull_key);
+      if (!inbox) return inbox.error();
+      p->inbox = *inbox;
+      reply = p->inbox->subject;
+    } else {
+      reply = prefix_ + std::to_string(token);
     }
     {
       std::lock_guard lock(mu_);
       pending_.emplace(token, p);
+      if (p->inbox) p->inbox->token = token;
     }
     std::weak_ptr<connection> weak = weak_from_this();
     {
@@ -435,6 +436,16 @@ class connection : public std::enable_shared_from_this<connection> {
 
   natsStatus publish_raw(const std::string& subject, const char* reply, std::string_view data,
                          const header_list* headers) {
+    // cnats would still buffer the first message sent while it reconnects and deliver it
+    // later, after we have answered `unavailable`.
+    if (natsConnection_Status(nc_) != NATS_CONN_STATUS_CONNECTED)
+      return NATS_CONNECTION_DISCONNECTED;
+    if (!headers || headers->empty()) {
+      // Without headers no natsMsg is needed (whose destruction wakes cnats's GC thread).
+      auto len = static_cast<int>(data.size());
+      return reply ? natsConnection_PublishRequest(nc_, subject.c_str(), reply, data.data(), len)
+                   : natsConnection_Publish(nc_, subject.c_str(), data.data(), len);
+    }
     natsMsg* m = nullptr;
     auto s = natsMsg_Create(&m, subject.c_str(), reply, data.data(), static_cast<int>(data.size()));
     if (s != NATS_OK) return s;
@@ -494,7 +505,7 @@ class connection : public std::enable_shared_from_this<connection> {
           auto self = weak.lock();
           if (!self) return true;
           if (natsMsg_IsNoResponders(m)) {
-            self->retry_later(st);
+            self->retry_later(st, true);
             return true;
           }
           st->done(nats_reply{.data = data_of(m), .msg = m});
@@ -506,15 +517,17 @@ class connection : public std::enable_shared_from_this<connection> {
         });
     if (!sent) {
       if (sent.error().code() == errc::unavailable && clock_->now() < st->deadline) {
-        retry_later(st);
+        retry_later(st, false);
       } else {
         st->done(std::move(sent).error());
       }
     }
   }
 
-  void retry_later(const std::shared_ptr<request_state>& st) {
-    if (st->on_no_responders) {
+  // `no_responders`: the server said nobody serves the subject (rather than: the request
+  // could not be sent while the connection is down).
+  void retry_later(const std::shared_ptr<request_state>& st, bool no_responders) {
+    if (no_responders && st->on_no_responders) {
       auto check = std::move(st->on_no_responders);
       st->on_no_responders = nullptr;
       std::weak_ptr<connection> weak = weak_from_this();
@@ -524,7 +537,7 @@ class connection : public std::enable_shared_from_this<connection> {
           return st->done(verdict ? std::move(*verdict)
                                   : error(errc::unavailable, "transport closed"));
         }
-        self->retry_later(st);
+        self->retry_later(st, false);
       });
       return;
     }
@@ -553,14 +566,68 @@ class connection : public std::enable_shared_from_this<connection> {
     natsMsg_Destroy(m);
   }
 
-  static void on_private(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
+  static void on_pulled(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
     in_callback_scope scope;
-    auto* inbox = static_cast<private_inbox*>(closure);
-    if (auto self = inbox->conn.lock()) self->deliver(inbox->token, m);
+    auto* inbox = static_cast<pull_inbox*>(closure);
+    if (auto self = inbox->conn.lock()) {
+      std::uint64_t token = 0;
+      {
+        std::lock_guard lock(self->mu_);
+        token = inbox->token;
+      }
+      if (token != 0) {
+        self->deliver(token, m);
+      } else {
+        self->hand_back(m);
+      }
+    }
     natsMsg_Destroy(m);
   }
 
-  static void free_private(void* closure) { delete static_cast<private_inbox*>(closure); }
+  result<std::shared_ptr<pull_inbox>> take_inbox(const std::string& key) {
+    {
+      std::lock_guard lock(mu_);
+      auto& free = free_inboxes_[key];
+      if (!free.empty()) {
+        auto inbox = free.back();
+        free.pop_back();
+        return inbox;
+      }
+    }
+    auto inbox = std::make_shared<pull_inbox>();
+    inbox->conn = weak_from_this();
+    inbox->key = key;
+    inbox->subject = fmt::format("{}p.{}", prefix_, ++last_token_);
+    auto s = natsConnection_Subscribe(&inbox->sub, nc_, inbox->subject.c_str(),
+                                      &connection::on_pulled, inbox.get());
+    if (s != NATS_OK) return unexpected(status_error(s, 0, "subscribe for a pull"));
+    natsSubscription_SetPendingLimits(inbox->sub, -1, -1);
+    std::lock_guard lock(mu_);
+    all_inboxes_.push_back(inbox);
+    return inbox;
+  }
+
+  // Idle again: a message of the finished pull that arrives later is handed back.
+  void release_inbox(const std::shared_ptr<pull_inbox>& inbox) {
+    std::lock_guard lock(mu_);
+    inbox->token = 0;
+    free_inboxes_[inbox->key].push_back(inbox);
+  }
+
+  static void close_inbox(pull_inbox* inbox) {
+    if (!inbox->sub) return;
+    natsSubscription_Unsubscribe(inbox->sub);
+    natsSubscription_Destroy(inbox->sub);
+    inbox->sub = nullptr;
+  }
+
+  // A message delivered to a pull that already ended: back to the stream at once.
+  void hand_back(natsMsg* m) {
+    const char* reply = natsMsg_GetReply(m);
+    if (reply && std::string_view(reply).substr(0, k_ack_prefix.size()) == k_ack_prefix) {
+      publish_raw(reply, nullptr, "-NAK", nullptr);
+    }
+  }
 
   void dispatch(natsMsg* m) {
     std::string_view subject = natsMsg_GetSubject(m);
@@ -578,14 +645,7 @@ class connection : public std::enable_shared_from_this<connection> {
       auto it = pending_.find(token);
       if (it != pending_.end()) p = it->second;
     }
-    if (!p) {
-      // A message delivered to a pull that already ended: hand it back at once.
-      const char* reply = natsMsg_GetReply(m);
-      if (reply && std::string_view(reply).substr(0, k_ack_prefix.size()) == k_ack_prefix) {
-        publish_raw(reply, nullptr, "-NAK", nullptr);
-      }
-      return;
-    }
+    if (!p) return hand_back(m);
     bool finished = false;
     {
       std::lock_guard plock(p->mu);
@@ -605,10 +665,7 @@ class connection : public std::enable_shared_from_this<connection> {
       p = it->second;
       pending_.erase(it);
     }
-    if (p->sub) {
-      natsSubscription_Unsubscribe(p->sub);
-      natsSubscription_Destroy(p->sub);
-    }
+    if (p->inbox) release_inbox(p->inbox);
     std::lock_guard plock(p->mu);
     if (p->finished) return;
     p->finished = true;
@@ -625,10 +682,7 @@ class connection : public std::enable_shared_from_this<connection> {
       pending_.erase(it);
     }
     clock_->cancel(p->timer);
-    if (p->sub) {
-      natsSubscription_Unsubscribe(p->sub);
-      natsSubscription_Destroy(p->sub);
-    }
+    if (p->inbox) release_inbox(p->inbox);
   }
 
   std::shared_ptr<amp::clock> clock_;
@@ -640,6 +694,8 @@ class connection : public std::enable_shared_from_this<connection> {
   std::atomic<std::uint64_t> last_token_{0};
   std::mutex mu_;
   std::unordered_map<std::uint64_t, std::shared_ptr<pending_request>> pending_;
+  std::unordered_map<std::string, std::vector<std::shared_ptr<pull_inbox>>> free_inboxes_;
+  std::vector<std::shared_ptr<pull_inbox>> all_inboxes_;
 };
 
 // ----- configuration translation ------------------------------------------------------
@@ -738,6 +794,19 @@ deliver_policy from_js(jsDeliverPolicy p) {
   }
 }
 
+// nats-server 2.9 finds the first sequence at or after a start time coarsely and can start
+// a few messages late. A by-time consumer is therefore created a little early, with the
+// exact time in its description, and fetch skips (acks) the messages before it.
+constexpr auto k_start_time_margin = std::chrono::seconds(2);
+constexpr std::string_view k_start_time_tag = "amp.start_time=";
+
+std::optional<time_point> exact_start_time(std::string_view description) {
+  if (description.substr(0, k_start_time_tag.size()) != k_start_time_tag) return std::nullopt;
+  std::int64_t ns = 0;
+  if (!parse_number(description.substr(k_start_time_tag.size()), ns)) return std::nullopt;
+  return time_from_ns(ns);
+}
+
 consumer_config from_js(const std::string& stream, const jsConsumerConfig& c) {
   consumer_config out;
   out.stream = stream;
@@ -750,6 +819,7 @@ consumer_config from_js(const std::string& stream, const jsConsumerConfig& c) {
   out.deliver = from_js(c.DeliverPolicy);
   out.start_seq = c.OptStartSeq;
   out.start_time = c.OptStartTime ? time_from_ns(c.OptStartTime) : time_point{};
+  if (auto exact = exact_start_time(c.Description ? c.Description : "")) out.start_time = *exact;
   return out;
 }
 
@@ -758,8 +828,10 @@ consumer_config normalized(consumer_config c) {
   c.max_deliver = c.max_deliver > 0 ? c.max_deliver : -1;
   if (c.deliver != deliver_policy::by_start_sequence) c.start_seq = 0;
   if (c.deliver != deliver_policy::by_start_time) c.start_time = {};
-  c.start_time = time_point(
-      std::chrono::duration_cast<std::chrono::microseconds>(c.start_time.time_since_epoch()));
+  // The start time comes back through cnats's time parsing, which is not exact below
+  // the second.
+  c.start_time =
+      time_point(std::chrono::duration_cast<std::chrono::seconds>(c.start_time.time_since_epoch()));
   return c;
 }
 
@@ -844,13 +916,6 @@ class jetstream_backend final : public transport,
                                 public std::enable_shared_from_this<jetstream_backend> {
  public:
   explicit jetstream_backend(std::shared_ptr<connection> conn) : conn_(std::move(conn)) {}
-
-  // The last reference may go away in a handler on a cnats thread, where closing the
-  // connection would wait for that very thread: close it from another one then.
-  ~jetstream_backend() override {
-    if (callback_depth > 0)
-      std::thread([conn = std::move(conn_)]() mutable { conn.reset(); }).detach();
-  }
 
   result<void> detect_capabilities() {
     // Per-key TTL (nats-server 2.11) needs streams that accept `allow_msg_ttl`: older
@@ -1051,11 +1116,15 @@ class jetstream_backend final : public transport,
     f->batch = request.batch;
     f->max_wait = request.max_wait;
     f->done = std::move(done);
-    if (known_consumer(f->stream, f->durable)) return pull(f, f->batch, std::nullopt);
+    if (auto known = known_consumer(f->stream, f->durable)) {
+      f->not_before = *known;
+      return pull(f, f->batch, std::nullopt);
+    }
     // A pull on a missing consumer is never answered: check once before the first one.
     auto self = shared_from_this();
     check_consumer(f->stream, f->durable, [self, f](std::optional<error> e) {
       if (e) return self->fail_fetch(f, std::move(*e));
+      f->not_before = self->known_consumer(f->stream, f->durable).value_or(time_point{});
       self->pull(f, f->batch, std::nullopt);
     });
   }
@@ -1147,6 +1216,12 @@ class jetstream_backend final : public transport,
       return unexpected(errc::bad_request,
                         fmt::format("bucket \"{}\": ttl must not be negative", config.bucket));
     }
+    auto r = create_bucket(config);
+    if (r) note_direct_get(config.bucket);
+    return r;
+  }
+
+  result<void> create_bucket(const kv_config& config) {
     auto existing = stream_info_of(kv_stream(config.bucket));
     if (existing) return compare_bucket(existing->config, config);
     if (existing.error().code() != errc::not_found) return existing.error();
@@ -1169,8 +1244,32 @@ class jetstream_backend final : public transport,
     return {};
   }
 
+  // Buckets whose stream allows direct gets (cnats creates them so) are read with
+  // `$JS.API.DIRECT.GET`, which costs the server less than a STREAM.MSG.GET.
+  void note_direct_get(const std::string& bucket) {
+    jsStreamInfo* si = nullptr;
+    jsErrCode ec = static_cast<jsErrCode>(0);
+    std::string stream = kv_stream(bucket);
+    if (js_GetStreamInfo(&si, conn_->js(), stream.c_str(), nullptr, &ec) != NATS_OK) return;
+    bool direct = si->Config && si->Config->AllowDirect;
+    jsStreamInfo_Destroy(si);
+    std::lock_guard lock(direct_mu_);
+    if (direct) direct_buckets_.insert(bucket);
+  }
+
+  bool direct_get(const std::string& bucket) {
+    std::lock_guard lock(direct_mu_);
+    return direct_buckets_.count(bucket) > 0;
+  }
+
+  void forget_direct_get(const std::string& bucket) {
+    std::lock_guard lock(direct_mu_);
+    direct_buckets_.erase(bucket);
+  }
+
   result<void> delete_bucket(std::string_view bucket) override {
     if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+    forget_direct_get(std::string(bucket));
     auto r = delete_stream(kv_stream(bucket));
     if (!r && r.error().code() == errc::not_found) {
       return unexpected(errc::not_found, fmt::format("bucket \"{}\" not found", bucket));
@@ -1381,6 +1480,7 @@ class jetstream_backend final : public transport,
     std::string durable;
     std::size_t batch = 1;
     duration max_wait{};
+    time_point not_before{};  // by-time consumers: older messages are skipped (acked)
     std::vector<message> got;
     completion<std::vector<message>> done;
   };
@@ -1534,8 +1634,13 @@ class jetstream_backend final : public transport,
     if (config.deliver == deliver_policy::by_start_sequence) {
       cc.OptStartSeq = std::max<std::uint64_t>(config.start_seq, 1);
     }
+    std::string description;
     if (config.deliver == deliver_policy::by_start_time) {
-      cc.OptStartTime = to_ns(config.start_time.time_since_epoch());
+      // See exact_start_time: the server starts early, fetch skips what is older.
+      cc.OptStartTime = to_ns((config.start_time - k_start_time_margin).time_since_epoch());
+      description =
+          fmt::format("{}{}", k_start_time_tag, to_ns(config.start_time.time_since_epoch()));
+      cc.Description = description.c_str();
     }
     jsConsumerInfo* ci = nullptr;
     auto r = with_retry(
@@ -1652,13 +1757,16 @@ class jetstream_backend final : public transport,
   // One pull request. `n` messages at most; `expires` absent means no_wait.
   void pull(const std::shared_ptr<fetch_state>& f, std::size_t n, std::optional<duration> expires) {
     std::string body =
-        expires ? fmt::format(R"({{"batch":{},"expires":{}}})", n, to_ns(*expires))
-                // A no_wait pull that was partly served and then held back by max_ack_pending
-                // stays open on the server: the expiry closes it (408).
-                : fmt::format(R"({{"batch":{},"no_wait":true,"expires":{}}})", n, to_ns(250ms));
+        expires
+            ? fmt::format(R"({{"batch":{},"expires":{}}})", n, to_ns(*expires))
+            // A no_wait pull that max_ack_pending holds back stays open on the server
+            // (nats-server 2.9), to be served later to nobody: the expiry closes it.
+            // The price: on an empty consumer the server answers only at the expiry.
+            : fmt::format(R"({{"batch":{},"no_wait":true,"expires":{}}})", n, to_ns(k_pull_quiet));
     auto deadline = conn_->deadline() + (expires ? *expires : duration::zero());
     auto self = shared_from_this();
     auto received = std::make_shared<std::size_t>(0);
+    const std::string key = f->stream + "." + f->durable;
     auto sent = conn_->send(
         fmt::format("$JS.API.CONSUMER.MSG.NEXT.{}.{}", f->stream, f->durable), body, nullptr,
         deadline,
@@ -1681,7 +1789,11 @@ class jetstream_backend final : public transport,
           msg.headers = headers_of(m);
           const char* reply = natsMsg_GetReply(m);
           if (!reply || !fill_from_ack_subject(msg, reply)) return false;
-          f->got.push_back(std::move(msg));
+          if (msg.time < f->not_before) {
+            self->conn_->publish_raw(msg.ack_token, nullptr, "+ACK", nullptr);
+          } else {
+            f->got.push_back(std::move(msg));
+          }
           if (++*received < n) return false;
           self->after_pull(f, n, expires, *received);
           return true;
@@ -1694,7 +1806,7 @@ class jetstream_backend final : public transport,
           }
           self->after_pull(f, n, expires, *received);
         },
-        true);
+        &key);
     if (!sent) fail_fetch(f, std::move(sent).error());
   }
 
@@ -1713,10 +1825,11 @@ class jetstream_backend final : public transport,
 
   void explain_silent_pull(const std::shared_ptr<fetch_state>& f) {
     auto self = shared_from_this();
+    // The consumer exists and the server answers: nothing could be delivered now
+    // (max_ack_pending reached, or the server is slow).
     check_consumer(f->stream, f->durable, [self, f](std::optional<error> e) {
-      self->fail_fetch(f,
-                       e ? std::move(*e)
-                         : error(errc::unavailable, "JetStream did not answer the pull in time"));
+      if (e) return self->fail_fetch(f, std::move(*e));
+      self->after_pull(f, f->batch, std::nullopt, 0);
     });
   }
 
@@ -1734,20 +1847,30 @@ class jetstream_backend final : public transport,
                      }
                      auto what = fmt::format("consumer \"{}\" of stream \"{}\"", durable, stream);
                      if (auto e = api_error(doc, what)) return verdict(std::move(*e));
-                     self->remember_consumer(stream, durable, true);
+                     std::string_view description;
+                     simdjson::dom::element config;
+                     if (doc["config"].get(config) == simdjson::SUCCESS) {
+                       read_field(config, "description", description);
+                     }
+                     self->remember_consumer(stream, durable, true,
+                                             exact_start_time(description).value_or(time_point{}));
                      verdict(std::nullopt);
                    });
   }
 
-  bool known_consumer(const std::string& stream, const std::string& durable) {
+  // Whether the consumer is known to exist, and the exact start time of a by-time one.
+  std::optional<time_point> known_consumer(const std::string& stream, const std::string& durable) {
     std::lock_guard lock(known_mu_);
-    return known_.count(stream + "." + durable) > 0;
+    auto it = known_.find(stream + "." + durable);
+    if (it == known_.end()) return std::nullopt;
+    return it->second;
   }
 
-  void remember_consumer(const std::string& stream, const std::string& durable, bool exists) {
+  void remember_consumer(const std::string& stream, const std::string& durable, bool exists,
+                         time_point not_before = {}) {
     std::lock_guard lock(known_mu_);
     if (exists) {
-      known_.insert(stream + "." + durable);
+      known_[stream + "." + durable] = not_before;
     } else {
       known_.erase(stream + "." + durable);
     }
@@ -1872,6 +1995,7 @@ class jetstream_backend final : public transport,
   // The key's last revision, markers included.
   void last_entry(const std::string& bucket, const std::string& key, completion<kv_entry> done) {
     std::string subject = kv_subject(bucket, key);
+    if (direct_get(bucket)) return last_entry_direct(bucket, key, std::move(done));
     conn_->request(
         fmt::format("$JS.API.STREAM.MSG.GET.{}", kv_stream(bucket)),
         fmt::format(R"({{"last_by_subj":{}}})", json_quote(subject)), {}, conn_->deadline(),
@@ -1899,6 +2023,40 @@ class jetstream_backend final : public transport,
         });
   }
 
+  void last_entry_direct(const std::string& bucket, const std::string& key,
+                         completion<kv_entry> done) {
+    auto self = shared_from_this();
+    conn_->request(
+        fmt::format("$JS.API.DIRECT.GET.{}.{}", kv_stream(bucket), kv_subject(bucket, key)), "", {},
+        conn_->deadline(),
+        [bucket, key, done = std::move(done)](result<nats_reply> r) {
+          if (!r) return done(std::move(r).error());
+          auto* m = r->msg;
+          auto status = header_value(m, "Status");
+          if (status == "404") {
+            return done(unexpected(errc::not_found, fmt::format("key \"{}\" not found", key)));
+          }
+          if (!status.empty()) {
+            return done(
+                unexpected(errc::internal, fmt::format("key \"{}\": JetStream answered {} {}", key,
+                                                       status, header_value(m, "Description"))));
+          }
+          kv_entry e;
+          e.bucket = bucket;
+          e.key = key;
+          parse_number(header_value(m, "Nats-Sequence"), e.revision);
+          if (auto t = parse_timestamp(header_value(m, "Nats-Time-Stamp"))) e.created = *t;
+          e.op = op_from_header(header_value(m, k_kv_op.data()));
+          if (e.op == kv_op::put) e.value = std::move(r->data);
+          done(std::move(e));
+        },
+        // Nobody serves direct gets for it: the bucket is gone.
+        [self, bucket](std::function<void(std::optional<error>)> verdict) {
+          self->forget_direct_get(bucket);
+          verdict(error(errc::not_found, fmt::format("bucket \"{}\" not found", bucket)));
+        });
+  }
+
   struct kv_handle_deleter {
     void operator()(kvStore* kv) const { kvStore_Destroy(kv); }
   };
@@ -1923,15 +2081,26 @@ class jetstream_backend final : public transport,
 
   std::shared_ptr<connection> conn_;
   bool per_key_ttl_ = false;
+  std::mutex direct_mu_;
+  std::set<std::string> direct_buckets_;
   std::mutex known_mu_;
-  std::set<std::string> known_;  // "<stream>.<consumer>" seen to exist
+  std::map<std::string, time_point> known_;  // "<stream>.<consumer>" seen to exist
 };
 
 }  // namespace
 
 result<std::shared_ptr<transport>> jetstream_transport::connect(jetstream_options options) {
   auto clock = options.clock ? options.clock : system_clock_source::shared();
-  auto conn = std::make_shared<connection>(clock, options.op_timeout);
+  // The last reference may go away in a handler on a cnats thread, where closing the
+  // connection would wait for that very thread: it is closed from another one then.
+  auto conn =
+      std::shared_ptr<connection>(new connection(clock, options.op_timeout), [](connection* c) {
+        if (callback_depth > 0) {
+          std::thread([c] { delete c; }).detach();
+        } else {
+          delete c;
+        }
+      });
   if (auto r = conn->open(options); !r) return r.error();
   auto backend = std::make_shared<jetstream_backend>(conn);
   if (auto r = backend->ping(); !r) return r.error();

@@ -247,7 +247,9 @@ struct kv_watch_options {
 /// Callbacks of a watch. They run one at a time, in revision order.
 struct kv_watch_handlers {
   /// Each entry: first the latest value of every live matching key (unless
-  /// `updates_only`), then every put, del, purge and expiry as it happens.
+  /// `updates_only`), then every put, del, purge and expiry as it happens. A watcher that
+  /// falls behind on JetStream may miss revisions that the bucket's `history` no longer
+  /// keeps; it always sees the latest.
   std::function<void(const kv_entry&)> on_entry{};
   /// Once, after the initial values (at once when there are none or `updates_only`).
   std::function<void()> on_caught_up{};
