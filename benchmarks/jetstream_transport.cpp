@@ -130,8 +130,8 @@ pid_t g_server_pid = -1;
 
 struct sample {
   double ops_per_s = 0;
-  double client_us_per_op = 0;  // this process, all threads
-  double server_us_per_op = -1;  // nats-server, when known
+  double client_us_per_op = 0;        // this process, all threads
+  double server_us_per_op = -1;       // nats-server, when known
   double client_switches_per_op = 0;  // voluntary context switches of this process
 };
 
@@ -510,8 +510,8 @@ sample kv_get(amp::transport& t, direct_connection& d, std::size_t n, bool amp_s
 // ----- the table --------------------------------------------------------------------------
 
 struct row {
-  std::string key;    // --only name
-  std::string name;   // shown
+  std::string key;   // --only name
+  std::string name;  // shown
   std::string amp_call;
   std::string direct_call;
   std::vector<sample> amp;
@@ -616,7 +616,10 @@ void write_json(const config& c, const std::vector<row>& rows, const std::string
   f << "  \"kv_keys\": " << k_keys << ",\n";
   f << "  \"storage\": \"file\",\n";
   f << "  \"kv_stream_allow_direct\": "
-    << (g_kv_allow_direct < 0 ? "null" : g_kv_allow_direct ? "true" : "false") << ",\n";
+    << (g_kv_allow_direct < 0 ? "null"
+        : g_kv_allow_direct   ? "true"
+                              : "false")
+    << ",\n";
   f << "  \"server\": " << json_string(c.url.empty() ? "own nats-server (amp-test-support)" : c.url)
     << ",\n";
   f << "  \"cnats\": " << json_string(nats_GetVersion()) << ",\n";
@@ -632,15 +635,16 @@ void write_json(const config& c, const std::vector<row>& rows, const std::string
       << ", \"direct\": " << json_string(r.direct_call) << ",\n";
     f << "     \"amp_ops_per_s\": {\"min\": "
       << json_number(min_of(pluck(r.amp, [](auto& s) { return s.ops_per_s; })), 1)
-      << ", \"median\": " << json_number(median(pluck(r.amp, [](auto& s) { return s.ops_per_s; })), 1)
+      << ", \"median\": "
+      << json_number(median(pluck(r.amp, [](auto& s) { return s.ops_per_s; })), 1)
       << ", \"max\": " << json_number(max_of(pluck(r.amp, [](auto& s) { return s.ops_per_s; })), 1)
       << "},\n";
     f << "     \"direct_ops_per_s\": {\"min\": "
       << json_number(min_of(pluck(r.direct, [](auto& s) { return s.ops_per_s; })), 1)
       << ", \"median\": "
       << json_number(median(pluck(r.direct, [](auto& s) { return s.ops_per_s; })), 1)
-      << ", \"max\": " << json_number(max_of(pluck(r.direct, [](auto& s) { return s.ops_per_s; })), 1)
-      << "},\n";
+      << ", \"max\": "
+      << json_number(max_of(pluck(r.direct, [](auto& s) { return s.ops_per_s; })), 1) << "},\n";
     f << "     \"ratio\": {\"min\": " << json_number(min_of(q), 3)
       << ", \"median\": " << json_number(median(q), 3) << ", \"max\": " << json_number(max_of(q), 3)
       << "},\n";
@@ -652,19 +656,20 @@ void write_json(const config& c, const std::vector<row>& rows, const std::string
 }
 
 void print_tables(const std::vector<row>& rows) {
-  std::printf("\n%-36s %10s %10s %8s %8s %8s\n", "operation", "amp/s", "direct/s", "ratio",
-              "min", "max");
+  std::printf("\n%-36s %10s %10s %8s %8s %8s\n", "operation", "amp/s", "direct/s", "ratio", "min",
+              "max");
   for (const auto& r : rows) {
     auto q = ratios(r);
     std::printf("%-36s %10.0f %10.0f %8.3f %8.3f %8.3f\n", r.name.c_str(),
                 median(pluck(r.amp, [](auto& s) { return s.ops_per_s; })),
-                median(pluck(r.direct, [](auto& s) { return s.ops_per_s; })), median(q),
-                min_of(q), max_of(q));
+                median(pluck(r.direct, [](auto& s) { return s.ops_per_s; })), median(q), min_of(q),
+                max_of(q));
   }
-  std::printf("\nPer operation, medians: CPU us of this process (cli, all threads) and of "
-              "nats-server (srv), voluntary context switches of this process (cs)\n");
-  std::printf("%-36s %10s %10s %10s %10s %8s %8s\n", "operation", "amp cli", "dir cli",
-              "amp srv", "dir srv", "amp cs", "dir cs");
+  std::printf(
+      "\nPer operation, medians: CPU us of this process (cli, all threads) and of "
+      "nats-server (srv), voluntary context switches of this process (cs)\n");
+  std::printf("%-36s %10s %10s %10s %10s %8s %8s\n", "operation", "amp cli", "dir cli", "amp srv",
+              "dir srv", "amp cs", "dir cs");
   for (const auto& r : rows) {
     auto srv = [](const std::vector<sample>& s) {
       auto v = pluck(s, [](auto& x) { return x.server_us_per_op; });
@@ -673,7 +678,8 @@ void print_tables(const std::vector<row>& rows) {
     std::printf("%-36s %10.1f %10.1f %10.1f %10.1f %8.2f %8.2f\n", r.name.c_str(),
                 median(pluck(r.amp, [](auto& s) { return s.client_us_per_op; })),
                 median(pluck(r.direct, [](auto& s) { return s.client_us_per_op; })), srv(r.amp),
-                srv(r.direct), median(pluck(r.amp, [](auto& s) { return s.client_switches_per_op; })),
+                srv(r.direct),
+                median(pluck(r.amp, [](auto& s) { return s.client_switches_per_op; })),
                 median(pluck(r.direct, [](auto& s) { return s.client_switches_per_op; })));
   }
 }
@@ -778,15 +784,16 @@ int main(int argc, char** argv) {
   direct_connection d(url, static_cast<std::int64_t>(c.window));
 
   auto load_before = read_first_line("/proc/loadavg");
-  std::printf("JetStream transport vs direct cnats %s, %s, file storage, %zu operations per "
-              "measurement, 128-byte payloads, %d runs, window %zu\n",
-              nats_GetVersion(), c.url.empty() ? "own nats-server" : url.c_str(), c.n, c.runs,
-              c.window);
+  std::printf(
+      "JetStream transport vs direct cnats %s, %s, file storage, %zu operations per "
+      "measurement, 128-byte payloads, %d runs, window %zu\n",
+      nats_GetVersion(), c.url.empty() ? "own nats-server" : url.c_str(), c.n, c.runs, c.window);
   std::printf("load average before: %s\n", load_before.c_str());
 
   std::vector<row> rows;
   auto add = [&](std::string key, std::string name, std::string amp_call, std::string direct_call) {
-    rows.push_back({std::move(key), std::move(name), std::move(amp_call), std::move(direct_call), {}, {}});
+    rows.push_back(
+        {std::move(key), std::move(name), std::move(amp_call), std::move(direct_call), {}, {}});
     return rows.size() - 1;
   };
   auto wanted = [&](const std::string& key) { return c.only.empty() || c.only.count(key) > 0; };
@@ -795,12 +802,12 @@ int main(int argc, char** argv) {
   std::size_t r_sync = add("sync_publish", "publish (sync)", "publish", "js_Publish");
   std::size_t r_async = add("async_publish", window_name, "async_publish",
                             "js_PublishAsync + js_PublishAsyncComplete");
-  std::size_t r_f1 = add("fetch1", "fetch(1)+ack", "fetch + ack",
-                         "natsSubscription_Fetch + natsMsg_AckSync");
+  std::size_t r_f1 =
+      add("fetch1", "fetch(1)+ack", "fetch + ack", "natsSubscription_Fetch + natsMsg_AckSync");
   std::size_t r_f1p = add("fetch1", "fetch(1)+ack [direct: plain Ack]", "fetch + ack",
                           "natsSubscription_Fetch + natsMsg_Ack (unconfirmed)");
-  std::size_t r_f64 = add("fetch64", "fetch(64)+ack", "fetch + ack",
-                          "natsSubscription_Fetch + natsMsg_AckSync");
+  std::size_t r_f64 =
+      add("fetch64", "fetch(64)+ack", "fetch + ack", "natsSubscription_Fetch + natsMsg_AckSync");
   std::size_t r_f64p = add("fetch64", "fetch(64)+ack [direct: plain Ack]", "fetch + ack",
                            "natsSubscription_Fetch + natsMsg_Ack (unconfirmed)");
   std::size_t r_f64a = add("fetch64", "fetch(64)+ack [amp pipelined, Ack]",
@@ -849,18 +856,22 @@ int main(int argc, char** argv) {
 
   auto one_round = [&](int run, std::size_t n, bool record) {
     if (wanted("sync_publish")) {
-      pair(run, r_sync, [&](bool a) { return sync_publish(*t, d, n, a); }, record);
+      pair(
+          run, r_sync, [&](bool a) { return sync_publish(*t, d, n, a); }, record);
     }
     if (wanted("async_publish")) {
-      pair(run, r_async, [&](bool a) { return async_publish(*t, d, n, c.window, a); }, record);
+      pair(
+          run, r_async, [&](bool a) { return async_publish(*t, d, n, c.window, a); }, record);
     }
     if (wanted("fetch1")) fetch_all(run, n, 1, r_f1, r_f1p, std::nullopt, record);
     if (wanted("fetch64")) fetch_all(run, n, 64, r_f64, r_f64p, r_f64a, record);
     if (wanted("kv_update")) {
-      pair(run, r_upd, [&](bool a) { return kv_update(*t, d, n, a); }, record);
+      pair(
+          run, r_upd, [&](bool a) { return kv_update(*t, d, n, a); }, record);
     }
     if (wanted("kv_get")) {
-      pair(run, r_get, [&](bool a) { return kv_get(*t, d, n, a); }, record);
+      pair(
+          run, r_get, [&](bool a) { return kv_get(*t, d, n, a); }, record);
     }
   };
 

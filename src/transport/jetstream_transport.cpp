@@ -850,10 +850,6 @@ std::string differing_setting(const consumer_config& have, const consumer_config
   return {};
 }
 
-std::string filter_or_all(const std::string& f) {
-  return f.empty() ? ">" : f;
-}
-
 std::string kv_stream(std::string_view bucket) {
   return fmt::format("KV_{}", bucket);
 }
@@ -957,7 +953,7 @@ class jetstream_backend final : public transport,
   // ----- streams ----------------------------------------------------------------------
 
   result<stream_info> ensure_stream(const stream_config& config) override {
-    if (auto r = validate(config); !r) return r.error();
+    if (auto r = detail::validate(config); !r) return r.error();
     auto existing = stream_info_of(config.name);
     if (existing) return compare(*existing, config);
     if (existing.error().code() != errc::not_found) return existing.error();
@@ -1050,7 +1046,7 @@ class jetstream_backend final : public transport,
   // ----- consumers --------------------------------------------------------------------
 
   result<consumer_info> ensure_consumer(const consumer_config& config) override {
-    if (auto r = validate(config); !r) return r.error();
+    if (auto r = detail::validate(config); !r) return r.error();
     auto existing = consumer_info_of(config.stream, config.durable);
     if (existing) {
       if (auto diff = differing_setting(existing->config, config); !diff.empty()) {
@@ -1066,7 +1062,7 @@ class jetstream_backend final : public transport,
   }
 
   result<consumer_info> update_consumer(const consumer_config& config) override {
-    if (auto r = validate(config); !r) return r.error();
+    if (auto r = detail::validate(config); !r) return r.error();
     auto existing = consumer_info_of(config.stream, config.durable);
     if (!existing) return existing.error();
     auto a = normalized(existing->config);
@@ -1202,20 +1198,7 @@ class jetstream_backend final : public transport,
   // ----- KV ---------------------------------------------------------------------------
 
   result<void> ensure_bucket(const kv_config& config) override {
-    if (auto r = subjects::check_bucket_name(config.bucket); !r) return r.error();
-    if (config.history < 1 || config.history > 64) {
-      return unexpected(errc::bad_request, fmt::format("bucket \"{}\": history must be 1..64, "
-                                                       "not {}",
-                                                       config.bucket, config.history));
-    }
-    if (config.replicas < 1 || config.replicas > 5) {
-      return unexpected(errc::bad_request,
-                        fmt::format("bucket \"{}\": replicas must be 1..5", config.bucket));
-    }
-    if (config.ttl < duration::zero()) {
-      return unexpected(errc::bad_request,
-                        fmt::format("bucket \"{}\": ttl must not be negative", config.bucket));
-    }
+    if (auto r = detail::validate(config); !r) return r.error();
     auto r = create_bucket(config);
     if (r) note_direct_get(config.bucket);
     return r;
@@ -1505,46 +1488,6 @@ class jetstream_backend final : public transport,
     }
   }
 
-  static result<void> validate(const stream_config& c) {
-    if (auto r = subjects::check_stream_name(c.name); !r) return r;
-    if (c.subjects.empty()) {
-      return unexpected(errc::bad_request, fmt::format("stream \"{}\" needs subjects", c.name));
-    }
-    for (const auto& s : c.subjects) {
-      if (auto r = subjects::check_filter(s); !r) return r;
-    }
-    if (auto r = detail::check_own_overlap(c); !r) return r;
-    if (c.replicas < 1 || c.replicas > 5) {
-      return unexpected(errc::bad_request, fmt::format("stream \"{}\": replicas must be 1..5, "
-                                                       "not {}",
-                                                       c.name, c.replicas));
-    }
-    if (c.max_age < duration::zero() || c.duplicate_window < duration::zero()) {
-      return unexpected(errc::bad_request,
-                        fmt::format("stream \"{}\": durations must not be negative", c.name));
-    }
-    return {};
-  }
-
-  static result<void> validate(const consumer_config& c) {
-    if (auto r = subjects::check_stream_name(c.stream); !r) return r;
-    if (auto r = subjects::check_consumer_name(c.durable); !r) return r;
-    if (!c.filter_subject.empty()) {
-      if (auto r = subjects::check_filter(c.filter_subject); !r) return r;
-    }
-    if (c.ack_wait <= duration::zero()) {
-      return unexpected(errc::bad_request,
-                        fmt::format("consumer \"{}\": ack_wait must be positive", c.durable));
-    }
-    if (c.max_ack_pending == 0 || c.max_deliver == 0) {
-      return unexpected(errc::bad_request,
-                        fmt::format("consumer \"{}\": max_ack_pending and max_deliver must be "
-                                    "positive or -1",
-                                    c.durable));
-    }
-    return {};
-  }
-
   static result<stream_info> compare(stream_info have, const stream_config& want) {
     if (auto diff = differing_setting(have.config, want); !diff.empty()) {
       return unexpected(errc::conflict,
@@ -1580,21 +1523,9 @@ class jetstream_backend final : public transport,
   result<void> check_fits(const consumer_config& c) {
     auto info = stream_info_of(c.stream);
     if (!info) return info.error();
-    auto filter = filter_or_all(c.filter_subject);
-    bool inside = std::any_of(info->config.subjects.begin(), info->config.subjects.end(),
-                              [&](const auto& s) { return subjects::filters_overlap(s, filter); });
-    if (!inside) {
-      return unexpected(errc::bad_request,
-                        fmt::format("consumer \"{}\": filter \"{}\" matches no subject of stream "
-                                    "\"{}\"",
-                                    c.durable, filter, c.stream));
-    }
+    if (auto r = detail::check_consumer_fits(info->config, c); !r) return r;
     if (info->config.retention != retention_policy::work_queue) return {};
-    if (c.deliver != deliver_policy::all) {
-      return unexpected(
-          errc::bad_request,
-          fmt::format("consumer \"{}\": a work-queue stream needs deliver policy all", c.durable));
-    }
+    auto filter = detail::filter_or_all(c.filter_subject);
     jsConsumerInfoList* list = nullptr;
     auto r = with_retry("consumers of stream " + c.stream, [&](jsErrCode& ec) {
       return js_Consumers(&list, conn_->js(), c.stream.c_str(), nullptr, &ec);
@@ -1607,7 +1538,7 @@ class jetstream_backend final : public transport,
     for (int i = 0; list && i < list->Count; ++i) {
       auto other = from_js(c.stream, *list->List[i]->Config);
       if (other.durable == c.durable) continue;
-      auto theirs = filter_or_all(other.filter_subject);
+      auto theirs = detail::filter_or_all(other.filter_subject);
       if (subjects::filters_overlap(filter, theirs)) {
         verdict = unexpected(errc::conflict,
                              fmt::format("consumer \"{}\": filter \"{}\" overlaps consumer \"{}\" "

@@ -58,10 +58,6 @@ std::string_view retention_name(retention_policy r) {
   return "?";
 }
 
-std::string filter_or_all(const std::string& f) {
-  return f.empty() ? ">" : f;
-}
-
 struct stored_message {
   message msg;  // stream, subject, data, headers, seq, time
   std::size_t bytes = 0;
@@ -163,7 +159,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   // ----- streams ------------------------------------------------------------------
 
   result<stream_info> ensure_stream(const stream_config& config) override {
-    if (auto r = validate(config); !r) return r.error();
+    if (auto r = detail::validate(config); !r) return r.error();
     std::lock_guard lock(mu_);
     if (auto it = streams_.find(config.name); it != streams_.end()) {
       if (auto diff = differing_setting(it->second.config, config); !diff.empty()) {
@@ -248,11 +244,11 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   // ----- consumers ----------------------------------------------------------------
 
   result<consumer_info> ensure_consumer(const consumer_config& config) override {
-    if (auto r = validate(config); !r) return r.error();
+    if (auto r = detail::validate(config); !r) return r.error();
     std::lock_guard lock(mu_);
     auto* s = find_stream(config.stream);
     if (!s) return missing("stream", config.stream);
-    if (auto r = check_consumer_fits(*s, config); !r) return r.error();
+    if (auto r = detail::check_consumer_fits(s->config, config); !r) return r.error();
     if (auto it = s->consumers.find(config.durable); it != s->consumers.end()) {
       if (auto diff = differing_setting(it->second.config, config); !diff.empty()) {
         return unexpected(errc::conflict, fmt::format("consumer \"{}\" exists with a different {}",
@@ -271,7 +267,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   }
 
   result<consumer_info> update_consumer(const consumer_config& config) override {
-    if (auto r = validate(config); !r) return r.error();
+    if (auto r = detail::validate(config); !r) return r.error();
     deferred after;
     std::lock_guard lock(mu_);
     auto* s = find_stream(config.stream);
@@ -285,7 +281,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
                                                     "be changed",
                                                     config.durable));
     }
-    if (auto r = check_consumer_fits(*s, config); !r) return r.error();
+    if (auto r = detail::check_consumer_fits(s->config, config); !r) return r.error();
     if (auto r = check_overlap(*s, config); !r) return r.error();
     old = config;
     serve_waiters(*s, it->second, after);
@@ -365,7 +361,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     }
     if (!on_message) return unexpected(errc::bad_request, "subscribe_ordered needs a callback");
     auto sub = std::make_shared<ordered_sub>();
-    sub->filter = filter_or_all(request.filter_subject);
+    sub->filter = detail::filter_or_all(request.filter_subject);
     sub->queue = std::make_shared<serial_queue>();
     sub->on_message = std::move(on_message);
     deferred after;
@@ -389,20 +385,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   // ----- KV -----------------------------------------------------------------------
 
   result<void> ensure_bucket(const kv_config& config) override {
-    if (auto r = subjects::check_bucket_name(config.bucket); !r) return r.error();
-    if (config.history < 1 || config.history > 64) {
-      return unexpected(errc::bad_request,
-                        fmt::format("bucket \"{}\": history must be 1..64, not {}", config.bucket,
-                                    config.history));
-    }
-    if (config.replicas < 1 || config.replicas > 5) {
-      return unexpected(errc::bad_request,
-                        fmt::format("bucket \"{}\": replicas must be 1..5", config.bucket));
-    }
-    if (config.ttl < duration::zero()) {
-      return unexpected(errc::bad_request,
-                        fmt::format("bucket \"{}\": ttl must not be negative", config.bucket));
-    }
+    if (auto r = detail::validate(config); !r) return r.error();
     std::lock_guard lock(mu_);
     if (auto it = buckets_.find(config.bucket); it != buckets_.end()) {
       if (auto diff = differing_setting(it->second.config, config); !diff.empty()) {
@@ -546,72 +529,13 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   // ----- validation ---------------------------------------------------------------
 
-  static result<void> validate(const stream_config& c) {
-    if (auto r = subjects::check_stream_name(c.name); !r) return r;
-    if (c.subjects.empty()) {
-      return unexpected(errc::bad_request, fmt::format("stream \"{}\" needs subjects", c.name));
-    }
-    for (const auto& s : c.subjects) {
-      if (auto r = subjects::check_filter(s); !r) return r;
-    }
-    if (auto r = detail::check_own_overlap(c); !r) return r;
-    if (c.replicas < 1 || c.replicas > 5) {
-      return unexpected(
-          errc::bad_request,
-          fmt::format("stream \"{}\": replicas must be 1..5, not {}", c.name, c.replicas));
-    }
-    if (c.max_age < duration::zero() || c.duplicate_window < duration::zero()) {
-      return unexpected(errc::bad_request,
-                        fmt::format("stream \"{}\": durations must not be negative", c.name));
-    }
-    return {};
-  }
-
-  static result<void> validate(const consumer_config& c) {
-    if (auto r = subjects::check_stream_name(c.stream); !r) return r;
-    if (auto r = subjects::check_consumer_name(c.durable); !r) return r;
-    if (!c.filter_subject.empty()) {
-      if (auto r = subjects::check_filter(c.filter_subject); !r) return r;
-    }
-    if (c.ack_wait <= duration::zero()) {
-      return unexpected(errc::bad_request,
-                        fmt::format("consumer \"{}\": ack_wait must be positive", c.durable));
-    }
-    if (c.max_ack_pending == 0 || c.max_deliver == 0) {
-      return unexpected(errc::bad_request,
-                        fmt::format("consumer \"{}\": max_ack_pending and max_deliver must be "
-                                    "positive or -1",
-                                    c.durable));
-    }
-    return {};
-  }
-
-  static result<void> check_consumer_fits(const stream_state_impl& s, const consumer_config& c) {
-    auto filter = filter_or_all(c.filter_subject);
-    bool inside =
-        std::any_of(s.config.subjects.begin(), s.config.subjects.end(),
-                    [&](const auto& sub) { return subjects::filters_overlap(sub, filter); });
-    if (!inside) {
-      return unexpected(errc::bad_request,
-                        fmt::format("consumer \"{}\": filter \"{}\" matches no subject of stream "
-                                    "\"{}\"",
-                                    c.durable, filter, c.stream));
-    }
-    if (s.config.retention == retention_policy::work_queue && c.deliver != deliver_policy::all) {
-      return unexpected(
-          errc::bad_request,
-          fmt::format("consumer \"{}\": a work-queue stream needs deliver policy all", c.durable));
-    }
-    return {};
-  }
-
   // On a work-queue stream every message belongs to at most one consumer.
   static result<void> check_overlap(const stream_state_impl& s, const consumer_config& c) {
     if (s.config.retention != retention_policy::work_queue) return {};
-    auto mine = filter_or_all(c.filter_subject);
+    auto mine = detail::filter_or_all(c.filter_subject);
     for (const auto& [name, other] : s.consumers) {
       if (name == c.durable) continue;
-      auto theirs = filter_or_all(other.config.filter_subject);
+      auto theirs = detail::filter_or_all(other.config.filter_subject);
       if (subjects::filters_overlap(mine, theirs)) {
         return unexpected(errc::conflict,
                           fmt::format("consumer \"{}\": filter \"{}\" overlaps consumer \"{}\" "
@@ -697,7 +621,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       case deliver_policy::all: return 1;
       case deliver_policy::new_messages: return s.last_seq + 1;
       case deliver_policy::last: {
-        auto seq = last_matching(s, filter_or_all(filter));
+        auto seq = last_matching(s, detail::filter_or_all(filter));
         return seq == 0 ? s.last_seq + 1 : seq;
       }
       case deliver_policy::by_start_sequence: return std::max<std::uint64_t>(start_seq, 1);
@@ -823,7 +747,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       }
       for (auto& [name, c] : s->consumers) {
         if (!c.waiters.empty() &&
-            subjects::subject_matches(filter_or_all(c.config.filter_subject), subject)) {
+            subjects::subject_matches(detail::filter_or_all(c.config.filter_subject), subject)) {
           serve_waiters(*s, c, after);
         }
       }
@@ -839,7 +763,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   static consumer_info info(const stream_state_impl& s, const consumer_state& c) {
     consumer_info i{.config = c.config};
-    auto filter = filter_or_all(c.config.filter_subject);
+    auto filter = detail::filter_or_all(c.config.filter_subject);
     for (auto it = s.msgs.lower_bound(c.next_seq); it != s.msgs.end(); ++it) {
       if (subjects::subject_matches(filter, it->second.msg.subject)) ++i.num_pending;
     }
@@ -890,7 +814,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       }
       ++it;
     }
-    auto filter = filter_or_all(c.config.filter_subject);
+    auto filter = detail::filter_or_all(c.config.filter_subject);
     while (out.size() < batch &&
            (c.config.max_ack_pending <= 0 ||
             c.pending.size() < static_cast<std::size_t>(c.config.max_ack_pending))) {
@@ -1026,7 +950,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     auto it = s.msgs.find(seq);
     if (it == s.msgs.end()) return;
     for (const auto& [name, c] : s.consumers) {
-      if (!subjects::subject_matches(filter_or_all(c.config.filter_subject),
+      if (!subjects::subject_matches(detail::filter_or_all(c.config.filter_subject),
                                      it->second.msg.subject)) {
         continue;
       }

@@ -6,7 +6,9 @@
 ///
 /// Threads. Data operations are asynchronous requests multiplexed over one connection:
 /// their handlers, and the callbacks of subscriptions and watches, run on cnats delivery
-/// threads (one per subscription), never on the caller's thread, except that a request
+/// threads, one per cnats subscription (the shared reply subscription, the pull inboxes
+/// kept per consumer in use, each replay and watch), never on the caller's thread, except
+/// that a request
 /// refused before it is sent (a bad name, a connection that is down) completes at once on
 /// the calling thread. Timeouts are enforced on the transport clock's timer thread. A
 /// handler must not call a blocking wrapper (`publish`, `fetch`, `kv_get` ...) of the same
@@ -19,6 +21,12 @@
 /// `unavailable` should be retried with the same `msg_id` (deduplicated by the stream).
 /// During a cluster leader election JetStream answers "no responders"; such requests are
 /// retried with backoff until `op_timeout`.
+///
+/// Known limits of nats-server 2.9.10 (the Debian package): on a replicated (R3) bucket,
+/// two concurrent updates on one revision can both succeed (nats-server issue 4320, fixed in
+/// 2.9.21), so compare-and-set is safe on single servers and R1 buckets only there; per-key
+/// TTL needs 2.11. Two processes moving work-queue consumer filters at the same moment can
+/// both pass the library's overlap check (the server accepts overlapping updates).
 
 #include <memory>
 #include <string>
