@@ -22,6 +22,10 @@
 /// During a cluster leader election JetStream answers "no responders"; such requests are
 /// retried with backoff until `op_timeout`.
 ///
+/// Fetch. A fetch without `max_wait` answers within about 100 ms, not at once: nats-server
+/// 2.9 would keep a no-wait pull that max_ack_pending holds back open for ever, so such
+/// pulls carry a 100 ms expiry, which the server also waits out when nothing is there.
+///
 /// Known limits of nats-server 2.9.10 (the Debian package): on a replicated (R3) bucket,
 /// two concurrent updates on one revision can both succeed (nats-server issue 4320, fixed in
 /// 2.9.21), so compare-and-set is safe on single servers and R1 buckets only there; per-key
