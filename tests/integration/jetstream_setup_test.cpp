@@ -18,20 +18,8 @@
 #include "amp/result.hpp"
 #include "amp/transport/jetstream.hpp"
 #include "amp/transport/transport.hpp"
+#include "support/checks.hpp"
 #include "support/nats_server.hpp"
-
-namespace Catch {
-
-// Prints error codes by their wire names, and a success (errc{}) as "ok".
-template <>
-struct StringMaker<amp::errc> {
-  static std::string convert(amp::errc e) {
-    if (e == amp::errc{}) return "ok";
-    return std::string(amp::to_string(e));
-  }
-};
-
-}  // namespace Catch
 
 namespace {
 
@@ -39,24 +27,9 @@ using namespace std::chrono_literals;
 using amp::errc;
 using amp::testing::nats_server;
 
-template <class T>
-errc code_of(const amp::result<T>& r) {
-  return r.has_value() ? errc{} : r.error().code();
-}
-
-template <class T>
-std::string text_of(const amp::result<T>& r) {
-  return r.has_value() ? std::string("ok") : r.error().to_string();
-}
-
-/// The value of `r`; fails the case (naming the caller's line) when it holds an error.
-template <class T>
-T must(amp::result<T> r, std::source_location where = std::source_location::current()) {
-  if (!r.has_value()) {
-    FAIL("expected success at line " << where.line() << ", got " << r.error().to_string());
-  }
-  return std::move(r).value();
-}
+using amp::testing::code_of;
+using amp::testing::must;
+using amp::testing::text_of;
 
 std::shared_ptr<amp::transport> connect(const nats_server& server, const std::string& name) {
   auto t = amp::jetstream_transport::connect(

@@ -28,17 +28,9 @@
 #include "amp/result.hpp"
 #include "amp/transport/transport.hpp"
 #include "conformance/fixture.hpp"
+#include "support/checks.hpp"
 
 namespace Catch {
-
-// Prints error codes by their wire names, and a success (errc{}) as "ok".
-template <>
-struct StringMaker<amp::errc> {
-  static std::string convert(amp::errc e) {
-    if (e == amp::errc{}) return "ok";
-    return std::string(amp::to_string(e));
-  }
-};
 
 template <>
 struct StringMaker<amp::kv_op> {
@@ -63,29 +55,8 @@ using namespace std::chrono_literals;
 /// promptly (replay, watch, an async completion).
 inline constexpr std::chrono::seconds prompt_timeout{10};
 
-/// The error code of `r`, or `errc{}` (printed "ok") when it holds a value.
-template <class T>
-amp::errc code_of(const amp::result<T>& r) {
-  return r.has_value() ? amp::errc{} : r.error().code();
-}
-
-/// The value of `r`; fails the case (naming the caller's line) when it holds an error.
-template <class T>
-T must(amp::result<T> r, std::source_location where = std::source_location::current()) {
-  if (!r.has_value()) {
-    FAIL("expected success at " << where.file_name() << ":" << where.line() << ", got "
-                                << r.error().to_string());
-  }
-  return std::move(r).value();
-}
-
-inline void must(amp::result<void> r,
-                 std::source_location where = std::source_location::current()) {
-  if (!r.has_value()) {
-    FAIL("expected success at " << where.file_name() << ":" << where.line() << ", got "
-                                << r.error().to_string());
-  }
-}
+using amp::testing::code_of;
+using amp::testing::must;
 
 // ----- streams --------------------------------------------------------------------------
 
