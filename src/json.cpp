@@ -112,22 +112,28 @@ json_writer& json_writer::string(std::string_view value) {
   return *this;
 }
 
-json_writer& json_writer::write_signed(std::int64_t value) {
-  before_value();
+namespace {
+
+template <class Integer>
+void append_integer(std::string& out, Integer value) {
   std::array<char, 24> buf{};
   auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), value);
   assert(ec == std::errc());
-  out_.append(buf.data(), end);
+  out.append(buf.data(), end);
+}
+
+}  // namespace
+
+json_writer& json_writer::write_signed(std::int64_t value) {
+  before_value();
+  append_integer(out_, value);
   need_comma_ = true;
   return *this;
 }
 
 json_writer& json_writer::write_unsigned(std::uint64_t value) {
   before_value();
-  std::array<char, 24> buf{};
-  auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), value);
-  assert(ec == std::errc());
-  out_.append(buf.data(), end);
+  append_integer(out_, value);
   need_comma_ = true;
   return *this;
 }

@@ -757,20 +757,7 @@ stream_config normalized(stream_config c) {
 }
 
 std::string differing_setting(const stream_config& have, const stream_config& want) {
-  auto a = normalized(have);
-  auto b = normalized(want);
-  if (a.subjects != b.subjects) return "subjects";
-  if (a.retention != b.retention) return "retention";
-  if (a.storage != b.storage) return "storage";
-  if (a.max_msgs != b.max_msgs) return fmt::format("max_msgs ({} vs {})", a.max_msgs, b.max_msgs);
-  if (a.max_bytes != b.max_bytes) return "max_bytes";
-  if (a.max_msgs_per_subject != b.max_msgs_per_subject) return "max_msgs_per_subject";
-  if (a.max_msg_size != b.max_msg_size) return "max_msg_size";
-  if (a.max_age != b.max_age) return "max_age";
-  if (a.discard != b.discard) return "discard";
-  if (a.duplicate_window != b.duplicate_window) return "duplicate_window";
-  if (a.replicas != b.replicas) return "replicas";
-  return {};
+  return detail::differing_setting(normalized(have), normalized(want));
 }
 
 jsDeliverPolicy to_js(deliver_policy p) {
@@ -836,18 +823,7 @@ consumer_config normalized(consumer_config c) {
 }
 
 std::string differing_setting(const consumer_config& have, const consumer_config& want) {
-  auto a = normalized(have);
-  auto b = normalized(want);
-  if (a.filter_subject != b.filter_subject) {
-    return fmt::format("filter_subject (\"{}\" vs \"{}\")", a.filter_subject, b.filter_subject);
-  }
-  if (a.ack_wait != b.ack_wait) return "ack_wait";
-  if (a.max_ack_pending != b.max_ack_pending) return "max_ack_pending";
-  if (a.max_deliver != b.max_deliver) return "max_deliver";
-  if (a.deliver != b.deliver || a.start_seq != b.start_seq || a.start_time != b.start_time) {
-    return "deliver policy";
-  }
-  return {};
+  return detail::differing_setting(normalized(have), normalized(want));
 }
 
 std::string kv_stream(std::string_view bucket) {

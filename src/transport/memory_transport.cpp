@@ -49,15 +49,6 @@ unexpected missing(std::string_view what, std::string_view name) {
   return unexpected(errc::not_found, fmt::format("{} \"{}\" not found", what, name));
 }
 
-std::string_view retention_name(retention_policy r) {
-  switch (r) {
-    case retention_policy::limits: return "limits";
-    case retention_policy::work_queue: return "work_queue";
-    case retention_policy::interest: return "interest";
-  }
-  return "?";
-}
-
 struct stored_message {
   message msg;  // stream, subject, data, headers, seq, time
   std::size_t bytes = 0;
@@ -162,7 +153,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (auto r = detail::validate(config); !r) return r.error();
     std::lock_guard lock(mu_);
     if (auto it = streams_.find(config.name); it != streams_.end()) {
-      if (auto diff = differing_setting(it->second.config, config); !diff.empty()) {
+      if (auto diff = detail::differing_setting(it->second.config, config); !diff.empty()) {
         return unexpected(errc::conflict, fmt::format("stream \"{}\" exists with a different {}",
                                                       config.name, diff));
       }
@@ -250,7 +241,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (!s) return missing("stream", config.stream);
     if (auto r = detail::check_consumer_fits(s->config, config); !r) return r.error();
     if (auto it = s->consumers.find(config.durable); it != s->consumers.end()) {
-      if (auto diff = differing_setting(it->second.config, config); !diff.empty()) {
+      if (auto diff = detail::differing_setting(it->second.config, config); !diff.empty()) {
         return unexpected(errc::conflict, fmt::format("consumer \"{}\" exists with a different {}",
                                                       config.durable, diff));
       }
@@ -542,37 +533,6 @@ class memory_backend final : public transport, public std::enable_shared_from_th
                                       "(\"{}\") on work-queue stream \"{}\"",
                                       c.durable, mine, name, theirs, c.stream));
       }
-    }
-    return {};
-  }
-
-  static std::string differing_setting(const stream_config& a, const stream_config& b) {
-    if (a.subjects != b.subjects) return "subjects";
-    if (a.retention != b.retention) {
-      return fmt::format("retention ({} vs {})", retention_name(a.retention),
-                         retention_name(b.retention));
-    }
-    if (a.storage != b.storage) return "storage";
-    if (a.max_msgs != b.max_msgs) return fmt::format("max_msgs ({} vs {})", a.max_msgs, b.max_msgs);
-    if (a.max_bytes != b.max_bytes) return "max_bytes";
-    if (a.max_msgs_per_subject != b.max_msgs_per_subject) return "max_msgs_per_subject";
-    if (a.max_msg_size != b.max_msg_size) return "max_msg_size";
-    if (a.max_age != b.max_age) return "max_age";
-    if (a.discard != b.discard) return "discard";
-    if (a.duplicate_window != b.duplicate_window) return "duplicate_window";
-    if (a.replicas != b.replicas) return "replicas";
-    return {};
-  }
-
-  static std::string differing_setting(const consumer_config& a, const consumer_config& b) {
-    if (a.filter_subject != b.filter_subject) {
-      return fmt::format("filter_subject (\"{}\" vs \"{}\")", a.filter_subject, b.filter_subject);
-    }
-    if (a.ack_wait != b.ack_wait) return "ack_wait";
-    if (a.max_ack_pending != b.max_ack_pending) return "max_ack_pending";
-    if (a.max_deliver != b.max_deliver) return "max_deliver";
-    if (a.deliver != b.deliver || a.start_seq != b.start_seq || a.start_time != b.start_time) {
-      return "deliver policy";
     }
     return {};
   }

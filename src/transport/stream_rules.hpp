@@ -108,4 +108,46 @@ inline result<void> check_consumer_fits(const stream_config& s, const consumer_c
   return {};
 }
 
+// The first setting in which two configurations differ, for a `conflict` message; empty
+// when they are equal.
+inline std::string_view retention_name(retention_policy r) {
+  switch (r) {
+    case retention_policy::limits: return "limits";
+    case retention_policy::work_queue: return "work_queue";
+    case retention_policy::interest: return "interest";
+  }
+  return "?";
+}
+
+inline std::string differing_setting(const stream_config& a, const stream_config& b) {
+  if (a.subjects != b.subjects) return "subjects";
+  if (a.retention != b.retention) {
+    return fmt::format("retention ({} vs {})", retention_name(a.retention),
+                       retention_name(b.retention));
+  }
+  if (a.storage != b.storage) return "storage";
+  if (a.max_msgs != b.max_msgs) return fmt::format("max_msgs ({} vs {})", a.max_msgs, b.max_msgs);
+  if (a.max_bytes != b.max_bytes) return "max_bytes";
+  if (a.max_msgs_per_subject != b.max_msgs_per_subject) return "max_msgs_per_subject";
+  if (a.max_msg_size != b.max_msg_size) return "max_msg_size";
+  if (a.max_age != b.max_age) return "max_age";
+  if (a.discard != b.discard) return "discard";
+  if (a.duplicate_window != b.duplicate_window) return "duplicate_window";
+  if (a.replicas != b.replicas) return "replicas";
+  return {};
+}
+
+inline std::string differing_setting(const consumer_config& a, const consumer_config& b) {
+  if (a.filter_subject != b.filter_subject) {
+    return fmt::format("filter_subject (\"{}\" vs \"{}\")", a.filter_subject, b.filter_subject);
+  }
+  if (a.ack_wait != b.ack_wait) return "ack_wait";
+  if (a.max_ack_pending != b.max_ack_pending) return "max_ack_pending";
+  if (a.max_deliver != b.max_deliver) return "max_deliver";
+  if (a.deliver != b.deliver || a.start_seq != b.start_seq || a.start_time != b.start_time) {
+    return "deliver policy";
+  }
+  return {};
+}
+
 }  // namespace amp::detail
