@@ -16,6 +16,8 @@ class fixture {
   virtual ~fixture() = default;
 
   virtual amp::transport& transport() = 0;
+  /// The same transport, shared (what the broker primitives take).
+  virtual std::shared_ptr<amp::transport> shared_transport() = 0;
 
   /// Lets at least `d` pass on the transport's clock: a manual clock is advanced at once;
   /// a real backend sleeps `d` plus a little slack for its timers.

@@ -22,6 +22,7 @@ class jetstream_fixture final : public fixture {
   }
 
   amp::transport& transport() override { return *transport_; }
+  std::shared_ptr<amp::transport> shared_transport() override { return transport_; }
 
   // JetStream's timers (AckWait, Nak delay, max age, duplicate window) run on the server's
   // clock; give them a little slack to fire.

@@ -13,6 +13,7 @@ class memory_fixture final : public fixture {
         transport_(memory_transport::create({.clock = clock_})) {}
 
   amp::transport& transport() override { return *transport_; }
+  std::shared_ptr<amp::transport> shared_transport() override { return transport_; }
   void advance(amp::duration d) override { clock_->advance(d); }
   std::string unique(std::string_view base) override {
     static std::atomic<int> counter{0};

@@ -1,0 +1,140 @@
+#include "broker/common.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "amp/json.hpp"
+
+namespace amp {
+
+executor inline_executor() {
+  return [](std::function<void()> work) { work(); };
+}
+
+namespace detail {
+
+worker_pool::worker_pool(std::size_t threads) {
+  if (threads == 0) threads = 1;
+  for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+}
+
+worker_pool::~worker_pool() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) {
+    if (t.get_id() == std::this_thread::get_id()) {
+      t.detach();  // the last reference was dropped by a job of this very pool
+    } else {
+      t.join();
+    }
+  }
+}
+
+void worker_pool::post(std::function<void()> work) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(work));
+  }
+  cv_.notify_one();
+}
+
+void worker_pool::run() {
+  while (true) {
+    std::function<void()> work;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    work();
+  }
+}
+
+executor executor_for(const broker_config& config, std::shared_ptr<worker_pool>& pool) {
+  if (config.run) return config.run;
+  pool = std::make_shared<worker_pool>(config.workers);
+  std::weak_ptr<worker_pool> weak = pool;
+  return [weak](std::function<void()> work) {
+    if (auto p = weak.lock()) p->post(std::move(work));
+  };
+}
+
+namespace {
+
+void append_base36(std::string& out, std::uint64_t v, int digits) {
+  constexpr std::string_view k_digits = "0123456789abcdefghijklmnopqrstuvwxyz";
+  std::string tmp(static_cast<std::size_t>(digits), '0');
+  for (int i = digits - 1; i >= 0 && v > 0; --i) {
+    tmp[static_cast<std::size_t>(i)] = k_digits[v % 36];
+    v /= 36;
+  }
+  out += tmp;
+}
+
+}  // namespace
+
+std::string unique_id(std::string_view prefix, time_point now) {
+  static std::mutex mu;
+  static std::uint64_t last_ms = 0;
+  static std::uint64_t counter = 0;
+  static std::mt19937_64 rng{std::random_device{}()};
+  auto ms = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count());
+  std::uint64_t seq = 0;
+  std::uint64_t random = 0;
+  {
+    std::lock_guard lock(mu);
+    if (ms <= last_ms) {
+      ms = last_ms;  // never go back, so ids stay in creation order
+      if (++counter >= 36 * 36 * 36) {
+        ++ms;
+        counter = 0;
+      }
+    } else {
+      counter = 0;
+    }
+    last_ms = ms;
+    seq = counter;
+    random = rng();
+  }
+  std::string out(prefix);
+  append_base36(out, ms, 9);
+  append_base36(out, seq, 3);
+  append_base36(out, random % 2821109907456ULL, 8);  // 36^8
+  return out;
+}
+
+std::string dedup_id(std::string_view from, std::string_view to, std::string_view msg_id) {
+  return fmt::format("{}:{}:{}", from, to, msg_id);
+}
+
+result<envelope> seal_envelope(envelope_parts parts, std::string_view ns, time_point now) {
+  envelope e;
+  e.id = parts.msg_id.empty() ? unique_id("m_", now) : std::move(parts.msg_id);
+  e.from = std::move(parts.from);
+  e.to = std::move(parts.to);
+  e.ns = std::string(ns);
+  e.type = std::move(parts.type);
+  e.ts = std::chrono::time_point_cast<std::chrono::milliseconds>(now);
+  e.body = std::move(parts.body);
+  e.headers = std::move(parts.headers);
+  e.reply_to = std::move(parts.reply_to);
+  e.correlation = std::move(parts.correlation);
+  if (e.body.empty()) return unexpected(errc::bad_request, "body is missing");
+  // One JSON value and nothing else, so the body cannot add members to the envelope.
+  if (auto r = json_check(e.body); !r) {
+    return unexpected(errc::bad_request, "body: " + r.error().message());
+  }
+  return parse_envelope(to_json(e));
+}
+
+}  // namespace detail
+}  // namespace amp

@@ -1,0 +1,72 @@
+#pragma once
+
+// What the broker primitives share: their worker pool, unique ids, and the one way an
+// envelope is made from what a caller supplies.
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "amp/broker/config.hpp"
+#include "amp/envelope.hpp"
+#include "amp/result.hpp"
+
+namespace amp::detail {
+
+// Threads that run posted work in order of posting. Destruction runs what is queued,
+// then joins.
+class worker_pool {
+ public:
+  explicit worker_pool(std::size_t threads);
+  ~worker_pool();
+  worker_pool(const worker_pool&) = delete;
+  worker_pool& operator=(const worker_pool&) = delete;
+
+  void post(std::function<void()> work);
+
+ private:
+  void run();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// The executor of `config`, or a pool made for the caller (kept alive in `pool`).
+executor executor_for(const broker_config& config, std::shared_ptr<worker_pool>& pool);
+
+// `prefix` + 9 base-36 digits of milliseconds since the epoch + 3 of a per-process counter
+// + 8 random: unique, and in creation order when compared as strings (within a process
+// always; across processes to the millisecond).
+std::string unique_id(std::string_view prefix, time_point now);
+
+// The `Nats-Msg-Id` that makes `msg_id` deduplicate per sender and destination.
+std::string dedup_id(std::string_view from, std::string_view to, std::string_view msg_id);
+
+// The caller's parts of an envelope.
+struct envelope_parts {
+  std::string from;
+  std::string to;
+  std::string body;  // one serialized JSON value
+  std::string type{};
+  std::vector<std::pair<std::string, std::string>> headers{};
+  std::string msg_id{};  // empty: a new unique one
+  std::string reply_to{};
+  std::string correlation{};
+};
+
+// The envelope as it will be stored: id, ns and ts filled in, then checked against the
+// envelope schema (so `invalid_envelope` names the failing member; `bad_request` when
+// `body` is not JSON). The body comes back minified.
+result<envelope> seal_envelope(envelope_parts parts, std::string_view ns, time_point now);
+
+}  // namespace amp::detail
