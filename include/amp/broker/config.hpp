@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -53,6 +54,14 @@ struct broker_config {
   duration inbox_ack_wait = std::chrono::seconds(30);
   /// Inbox: unacked messages in flight to one participant at most (spec `inbox_window`).
   int inbox_window = 64;
+
+  /// Inbox: age after which an unread message is dropped; zero keeps it until it is acked.
+  duration inbox_max_age = duration::zero();
+
+  /// Topics: how long the topic stream keeps events for replay (zero: no age limit), and
+  /// how many bytes at most (zero or less: no limit); the oldest go first.
+  duration topic_max_age = std::chrono::hours(24);
+  std::int64_t topic_max_bytes = -1;
 
   /// Registry: an entry not refreshed within this expires (spec `registry_ttl_s`).
   duration registry_ttl = std::chrono::seconds(30);
