@@ -179,6 +179,9 @@ std::string task_state_bucket() {
 std::string task_key(const namespace_name& ns, const task_id& task) {
   return fmt::format("{}.{}", ns.view(), task.view());
 }
+std::string idempotency_key(const namespace_name& ns, std::string_view digest) {
+  return fmt::format("{}.idem.{}", ns.view(), digest);
+}
 
 result<void> check_subject(std::string_view subject) {
   return check_dotted("subject", subject, false);

@@ -84,6 +84,9 @@ std::string registry_key(const participant_name& participant);
 std::string task_state_bucket();
 /// `<ns>.<task>`, the key of a task in the task store.
 std::string task_key(const namespace_name& ns, const task_id& task);
+/// `<ns>.idem.<digest>`, the task store key that binds an idempotency key to a task;
+/// `digest` is the lower-case hex SHA-256 of the submitter and the key (64 characters).
+std::string idempotency_key(const namespace_name& ns, std::string_view digest);
 ///@}
 
 /// \name Syntax checks for raw input

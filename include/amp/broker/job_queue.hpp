@@ -1,0 +1,195 @@
+#pragma once
+
+/// \file
+/// The job queue of one namespace (spec §7): submit, offer, claim, heartbeat, complete,
+/// fail, decline, cancel, with leases and attempts.
+///
+/// Mapping. Tasks of job `j` are messages on `amp.<ns>.job.<j>` in the work-queue stream
+/// `AMP_TASKS_<ns>`, read through the durable pull consumer `job_<j>` whose AckWait is
+/// the job's lease; the task store (`task_store`) holds each task's record. The record is
+/// the truth; the message only carries the task and its lease timer:
+/// - submit publishes the message first (`Nats-Msg-Id` = the task id), then creates the
+///   record. If the second step never happens (a crash, the backend gone), the message
+///   is still there and whoever fetches it creates the record from it ("adoption"), so a
+///   task is never lost; a retry with the same idempotency key finds the same task id and
+///   publishes again under the same message id, so it is never duplicated.
+/// - a claim is a compare-and-set on the record read when the task was offered; then an
+///   in-progress ack restarts AckWait. A heartbeat extends the lease in the record, then
+///   sends in-progress. The record keeps the message's ack token, so any broker on the
+///   same backend can finish a task, not only the one that offered it.
+/// - complete and fail check the lease in the record, commit the outcome, notify the
+///   submitter, and only then acknowledge the message (commit-then-ack). A holder whose
+///   lease is gone gets `lease_lost` and nothing is acknowledged.
+/// - a message delivered again is judged by the record: a task already ended is
+///   acknowledged and never offered; a live lease defers it (nak until the lease ends);
+///   an expired lease returns the task to `queued`, or ends it `failed` with
+///   `attempts_exhausted` once `max_attempts` claims are spent (the message is termed:
+///   JetStream's MaxDeliver cannot count attempts, since a decline also counts).
+///
+/// Threads. Every member is thread-safe. The blocking members wait on the backend: do
+/// not call them from a transport callback. Events (`job_events`) and `async_fetch`
+/// completions run on the broker's executor (`broker_config::run`).
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "amp/broker/config.hpp"
+#include "amp/broker/task_store.hpp"
+#include "amp/envelope.hpp"
+#include "amp/names.hpp"
+#include "amp/result.hpp"
+#include "amp/transport/transport.hpp"
+
+namespace amp {
+
+/// What `submit` takes.
+struct submit_request {
+  job_name job;
+  participant_name from;  ///< the submitter (the authenticated participant)
+  std::string body;       ///< one JSON value
+  std::string type{};
+  std::vector<std::pair<std::string, std::string>> headers{};
+  std::optional<int> max_attempts{};  ///< 1..100; absent: the job's configuration
+  std::string idempotency_key{};      ///< 1..256 bytes; empty: none
+};
+
+struct submit_result {
+  task_id task;
+  bool created = true;  ///< false when the idempotency key was already bound
+};
+
+/// A task offered for claiming: the record as it was read, and the job message.
+struct offer {
+  task_record task;
+  envelope env;            ///< the submitter's envelope (`to` = the job)
+  int attempt = 1;         ///< the attempt a claim would get
+  duration lease{};        ///< the job's lease
+  time_point lapses_at{};  ///< without a claim or decline by then, the task is offered again
+  message msg;             ///< the delivered job message
+};
+
+/// A lease held on a task.
+struct lease {
+  task_id task;
+  int attempt = 0;
+  time_point expires_at{};
+};
+
+/// The outcome of `complete`.
+struct completion_result {
+  task_record task;
+  bool duplicate = false;  ///< this participant had already completed it
+};
+
+/// A message the job queue sends a task's submitter when the task ends (spec §7): from
+/// `$broker`, of `type` `amp.task.completed|failed|cancelled`, with `body`
+/// `{"task","job","state","attempt","result"|"error"}`. `msg_id` (`<task>.<state>`)
+/// makes repeats harmless.
+struct task_notice {
+  participant_name to;
+  std::string type;
+  std::string body;
+  std::string msg_id;
+};
+
+/// What the job queue tells its user. Each runs on the executor; each may be empty.
+struct job_events {
+  /// `holder`'s lease on `task` ran out (only for leases granted or extended here).
+  std::function<void(const participant_name& holder, const task_id& task)> lease_lost{};
+  /// `task`, held by `holder` through this job queue, was cancelled.
+  std::function<void(const participant_name& holder, const task_id& task)> cancelled{};
+  /// Delivers a `task_notice` (the broker wires this to the inbox). An error leaves the
+  /// job message unacknowledged, so the notice is sent again when it is delivered again.
+  std::function<result<void>(const task_notice&)> notify{};
+};
+
+/// Who asks: the participant, and whether it has `admin` (spec §3).
+struct viewer {
+  participant_name who;
+  bool admin = false;
+};
+
+class job_queue {
+ public:
+  /// Ensures the tasks stream and uses `store` (opened here when null).
+  /// Errors: `unavailable`; `conflict` when the stream exists with another configuration.
+  static result<std::shared_ptr<job_queue>> open(std::shared_ptr<transport> t,
+                                                 const broker_config& config,
+                                                 std::shared_ptr<task_store> store = {},
+                                                 job_events events = {});
+  ~job_queue();
+  job_queue(const job_queue&) = delete;
+  job_queue& operator=(const job_queue&) = delete;
+
+  /// Submits a task. Errors: `bad_request` (body not JSON, max_attempts outside 1..100,
+  /// bad idempotency key), `invalid_envelope` (type, headers), `conflict` when the job's
+  /// consumer exists with another lease, `unavailable`. With an idempotency key already
+  /// bound, returns that task with `created = false` (and finishes its submission if an
+  /// earlier attempt was cut short).
+  result<submit_result> submit(submit_request request);
+
+  /// Up to `n` offers of `job`: waits up to `max_wait` for the first. Messages whose
+  /// task ended are acknowledged, not offered; see the file comment.
+  result<std::vector<offer>> fetch(const job_name& job, std::size_t n, duration max_wait);
+  /// The same, completing on the executor.
+  void async_fetch(const job_name& job, std::size_t n, duration max_wait,
+                   completion<std::vector<offer>> done);
+
+  /// Claims an offered task for `who`: attempt + 1, lease until now + the job's lease.
+  /// Errors: `not_found` when the offer lapsed; `conflict` when the task moved on (another
+  /// claim won, it was cancelled); `unavailable`.
+  result<lease> claim(const offer& o, const participant_name& who);
+  /// Hands an offer back: offered again after the job's `decline_delay`; no attempt.
+  result<void> decline(const offer& o);
+  /// Hands an offer back at once (its session went away); no attempt.
+  result<void> release(const offer& o);
+
+  /// Extends `who`'s lease on `task`. `lease_lost` when `who` does not hold a live lease.
+  result<lease> heartbeat(const task_id& task, const participant_name& who);
+  /// Extends every lease `who` holds through this job queue.
+  result<std::vector<lease>> heartbeat_all(const participant_name& who);
+  /// The leases `who` holds through this job queue.
+  std::vector<task_id> leases_of(const participant_name& who) const;
+  /// Gives up `who`'s lease on `task` now (bye): as if it expired, but without a
+  /// `lease_lost` event. `lease_lost` when `who` does not hold it.
+  result<task_record> release_lease(const task_id& task, const participant_name& who);
+
+  /// Completes `task` with `result_json`. Errors: `bad_request` (result not JSON),
+  /// `lease_lost` (not the live holder; nothing is acknowledged), `not_found`.
+  result<completion_result> complete(const task_id& task, const participant_name& who,
+                                     std::string result_json);
+  /// Fails the current attempt: back to `queued` after `retry_delay` when `retry` and
+  /// attempts are left, else `failed`. Errors as `complete`.
+  result<task_record> fail(const task_id& task, const participant_name& who, task_error error,
+                           bool retry, duration retry_delay);
+  /// Cancels a task not yet ended (its submitter or an admin). Errors: `not_found` for
+  /// anyone else, `conflict` when it already ended.
+  result<task_record> cancel(const task_id& task, const viewer& by);
+
+  /// The record, for its submitter, anyone who held it, or an admin; `not_found` for
+  /// anyone else.
+  result<task_record> get(const task_id& task, const viewer& by);
+  /// Every retained revision, oldest first; visibility as `get`.
+  result<std::vector<task_record>> history(const task_id& task, const viewer& by);
+
+  /// The configuration of `job`.
+  const job_config& config_of(const job_name& job) const;
+  const std::shared_ptr<task_store>& store() const noexcept;
+
+  /// Stops timers; pending events are dropped. Called by the destructor.
+  void close();
+
+  struct state;
+  explicit job_queue(std::shared_ptr<state> s);
+
+ private:
+  std::shared_ptr<state> s_;
+};
+
+}  // namespace amp

@@ -1,0 +1,121 @@
+#pragma once
+
+/// \file
+/// The task store (spec §7): one KV key per task in bucket `AMP_TASK_STATE`
+/// (`<ns>.<task>`), history kept, every change a compare-and-set on the revision that
+/// was read, so two concurrent transitions of one task can never both succeed. It also
+/// keeps the idempotency index: an idempotency key of a submitter maps to one task id for
+/// as long as the store keeps it (the bucket has no age limit).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "amp/broker/config.hpp"
+#include "amp/clock.hpp"
+#include "amp/names.hpp"
+#include "amp/result.hpp"
+#include "amp/transport/transport.hpp"
+
+namespace amp {
+
+/// Where a task is in its life (spec §7).
+enum class task_state { queued, running, completed, failed, cancelled };
+
+/// `queued`, `running`, ... (the wire names).
+std::string_view to_string(task_state s) noexcept;
+/// True for completed, failed and cancelled.
+bool is_terminal(task_state s) noexcept;
+
+/// An error a task failed with: `{"code","message"}`.
+struct task_error {
+  std::string code;
+  std::string message;
+  friend bool operator==(const task_error&, const task_error&) = default;
+};
+
+/// The task record (spec §7). Names are kept as validated strings.
+struct task_record {
+  std::string task;
+  std::string ns;
+  std::string job;
+  task_state state = task_state::queued;
+  int attempt = 0;  ///< claims made so far
+  int max_attempts = 3;
+  std::string submitted_by;
+  std::string owner;              ///< empty: none (always empty while queued)
+  time_point lease_expires_at{};  ///< epoch: none
+  time_point created_at{};
+  time_point updated_at{};
+  std::string result;  ///< serialized JSON; empty: none
+  std::optional<task_error> error{};
+  std::uint64_t revision = 0;  ///< the KV revision this record was read at (not stored)
+
+  /// Not in the spec's record, kept for the broker:
+  std::vector<std::string> holders{};  ///< every participant that held a lease, in order
+  std::string ack_token{};             ///< the job message's ack token of the current claim
+  std::uint64_t job_seq = 0;           ///< stream sequence of the job message
+
+  bool has_owner() const noexcept { return !owner.empty(); }
+  bool has_lease() const noexcept { return lease_expires_at != time_point{}; }
+
+  friend bool operator==(const task_record&, const task_record&) = default;
+};
+
+/// The record as the spec's JSON object (the `task` op and history entries): `task, ns,
+/// job, state, attempt, max_attempts, submitted_by, owner, lease_expires_at, created_at,
+/// updated_at, result, error, revision`, with null for what is absent.
+std::string to_json(const task_record& r);
+
+/// Reads a stored record (the broker's own format: the spec's members plus `holders`,
+/// `ack`, `job_seq`). `internal` when the text is not one.
+result<task_record> parse_task_record(std::string_view json);
+
+/// The task store. Thread-safe; every call blocks on the backend (do not call from a
+/// transport callback).
+class task_store {
+ public:
+  /// Ensures the bucket (history 64, `config.storage`, `config.replicas`).
+  /// Errors: `unavailable`, `conflict` when the bucket exists with another configuration.
+  static result<std::shared_ptr<task_store>> open(std::shared_ptr<transport> t,
+                                                  const broker_config& config);
+
+  /// A new task id: `t_` + creation time + a counter + randomness. Ids sort by creation
+  /// time (to the millisecond across processes, exactly within one).
+  task_id new_id() const;
+
+  /// Stores a new record; returns it with its revision. `conflict` when the task exists.
+  result<task_record> create(task_record r);
+  /// The latest record; `not_found` when there is none.
+  result<task_record> get(const namespace_name& ns, const task_id& task);
+  /// Writes `r` only when the task's latest revision is `r.revision`; returns the record
+  /// with its new revision. `conflict` when the task moved on (someone else won).
+  result<task_record> update(task_record r);
+  /// Every retained revision of the task, oldest first (the bucket keeps the last 64).
+  /// `not_found` when there is none.
+  result<std::vector<task_record>> history(const namespace_name& ns, const task_id& task);
+
+  /// The task id an idempotency key of `submitter` stands for. If the key is new it is
+  /// bound to `proposed` and that is returned with `bound = true`; otherwise the task it
+  /// was bound to earlier, with `bound = false`. Keys are 1..256 bytes of any content
+  /// (`bad_request` otherwise); they are stored hashed (SHA-256).
+  struct binding {
+    task_id task;
+    bool bound = false;
+  };
+  result<binding> bind_idempotency_key(const namespace_name& ns, const participant_name& submitter,
+                                       std::string_view key, const task_id& proposed);
+
+  const std::shared_ptr<transport>& backend() const noexcept { return transport_; }
+
+  task_store(std::shared_ptr<transport> t, std::string bucket);
+
+ private:
+  std::shared_ptr<transport> transport_;
+  std::string bucket_;
+};
+
+}  // namespace amp

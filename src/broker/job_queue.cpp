@@ -1,0 +1,731 @@
+#include "amp/broker/job_queue.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <future>
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "amp/json.hpp"
+#include "amp/subjects.hpp"
+#include "broker/common.hpp"
+
+namespace amp {
+
+namespace {
+
+constexpr std::string_view k_task_header = "Amp-Task";
+constexpr std::string_view k_max_attempts_header = "Amp-Max-Attempts";
+constexpr int k_max_attempts_limit = 100;
+constexpr int k_cas_rounds = 8;
+// A delivery deferred behind a live lease comes back this long after the lease ends.
+constexpr duration k_defer_slack = std::chrono::milliseconds(50);
+
+error lease_lost(const task_id& task) {
+  return error(errc::lease_lost, fmt::format("no live lease on {}", task.view()));
+}
+
+std::string notice_body(const task_record& r) {
+  json_writer w;
+  w.begin_object();
+  w.key("task").string(r.task);
+  w.key("job").string(r.job);
+  w.key("state").string(to_string(r.state));
+  w.key("attempt").integer(r.attempt);
+  if (r.state == task_state::completed) {
+    w.key("result").raw(r.result.empty() ? "null" : r.result);
+  } else {
+    w.key("error");
+    if (r.error) {
+      w.begin_object();
+      w.key("code").string(r.error->code);
+      w.key("message").string(r.error->message);
+      w.end_object();
+    } else {
+      w.null();
+    }
+  }
+  w.end_object();
+  return w.take();
+}
+
+message token_message(const task_record& r) {
+  message m;
+  m.ack_token = r.ack_token;
+  return m;
+}
+
+}  // namespace
+
+struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
+  explicit state(broker_config c) : config(std::move(c)) {}
+
+  std::shared_ptr<transport> t;
+  std::shared_ptr<task_store> store;
+  broker_config config;
+  job_events events;
+  executor run;
+  std::shared_ptr<detail::worker_pool> pool;
+  std::string stream;
+
+  struct held {
+    participant_name holder;
+    timer_id timer = 0;
+  };
+  mutable std::mutex mu;
+  bool closed = false;
+  std::set<std::string, std::less<>> consumers;     // jobs whose consumer is ensured
+  std::map<std::string, held, std::less<>> leases;  // by task id
+
+  // ----- small helpers -----------------------------------------------------------------
+
+  // Records keep milliseconds; so does every time the broker hands out.
+  time_point now() const {
+    return std::chrono::time_point_cast<std::chrono::milliseconds>(t->clock()->now());
+  }
+
+  result<void> ensure_job(const job_name& job) {
+    {
+      std::lock_guard lock(mu);
+      if (consumers.contains(job.view())) return {};
+    }
+    consumer_config c{.stream = stream,
+                      .durable = subjects::job_consumer(job),
+                      .filter_subject = subjects::job_subject(config.ns, job),
+                      .ack_wait = config.job(job).lease,
+                      .max_ack_pending = -1,
+                      .max_deliver = -1};
+    auto r = t->ensure_consumer(c);
+    if (!r) return r.error();
+    std::lock_guard lock(mu);
+    consumers.insert(job.str());
+    return {};
+  }
+
+  const job_config& job_of(const task_record& r) const {
+    auto job = job_name::make(r.job);
+    return job ? config.job(*job) : config.default_job;
+  }
+
+  void post(std::function<void()> work) { run(std::move(work)); }
+
+  // ----- lease bookkeeping and timers ----------------------------------------------------
+
+  void track(const task_record& r, const participant_name& holder) {
+    std::weak_ptr<state> weak = weak_from_this();
+    auto task = r.task;
+    std::lock_guard lock(mu);
+    if (closed) return;
+    auto& h = leases.insert_or_assign(task, held{holder, 0}).first->second;
+    h.timer = t->clock()->call_at(r.lease_expires_at, [weak, task, holder] {
+      auto self = weak.lock();
+      if (!self) return;
+      self->post([weak, task, holder] {
+        if (auto s = weak.lock()) s->on_lease_timer(task, holder);
+      });
+    });
+  }
+
+  void untrack(std::string_view task) {
+    std::lock_guard lock(mu);
+    auto it = leases.find(task);
+    if (it == leases.end()) return;
+    t->clock()->cancel(it->second.timer);
+    leases.erase(it);
+  }
+
+  void on_lease_timer(const std::string& task_str, const participant_name& holder) {
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      auto it = leases.find(task_str);
+      if (it == leases.end() || it->second.holder != holder) return;
+    }
+    auto task = task_id::make(task_str);
+    if (!task) return;
+    for (int round = 0; round < k_cas_rounds; ++round) {
+      auto rec = store->get(config.ns, *task);
+      if (!rec) {
+        if (rec.error().code() == errc::not_found) untrack(task_str);
+        return;  // unavailable: the redelivery will judge it
+      }
+      if (rec->state != task_state::running || rec->owner != holder.str()) {
+        untrack(task_str);
+        if (!is_terminal(rec->state)) emit_lease_lost(holder, *task);
+        return;
+      }
+      if (rec->lease_expires_at > now()) {  // extended elsewhere: wait for the new end
+        track(*rec, holder);
+        return;
+      }
+      auto moved = expire(std::move(*rec));
+      if (!moved && moved.error().code() == errc::conflict) continue;
+      untrack(task_str);
+      if (moved) emit_lease_lost(holder, *task);
+      return;
+    }
+  }
+
+  void emit_lease_lost(const participant_name& holder, const task_id& task) {
+    if (!events.lease_lost) return;
+    post([cb = events.lease_lost, holder, task] { cb(holder, task); });
+  }
+
+  // ----- transitions -----------------------------------------------------------------------
+
+  // A running task whose lease ended: back to queued, or failed once attempts are spent.
+  // The message is left to AckWait (it redelivers when the lease ends) unless it must go.
+  result<task_record> expire(task_record r) {
+    auto ts = now();
+    if (r.attempt >= r.max_attempts) {
+      r.state = task_state::failed;
+      r.error = task_error{
+          "attempts_exhausted",
+          fmt::format("the lease of attempt {} of {} expired", r.attempt, r.max_attempts)};
+      r.lease_expires_at = {};
+      r.updated_at = ts;
+      auto done = store->update(std::move(r));
+      if (!done) return done;
+      finish(*done, ack_kind::term);
+      return done;
+    }
+    r.state = task_state::queued;
+    r.owner.clear();
+    r.lease_expires_at = {};
+    r.ack_token.clear();
+    r.updated_at = ts;
+    return store->update(std::move(r));
+  }
+
+  // After a terminal state is committed: tell the submitter, then let the message go. A
+  // failed notice leaves the message for a redelivery, which notifies again.
+  void finish(const task_record& r, ack_kind kind) {
+    if (!notify(r) || r.ack_token.empty()) return;
+    if (kind == ack_kind::ack) {
+      (void)t->ack(token_message(r));
+    } else {
+      (void)t->term(token_message(r));
+    }
+  }
+
+  bool notify(const task_record& r) {
+    if (!events.notify) return true;
+    auto to = participant_name::make(r.submitted_by);
+    if (!to) return true;
+    task_notice n{.to = *to,
+                  .type = fmt::format("amp.task.{}", to_string(r.state)),
+                  .body = notice_body(r),
+                  .msg_id = fmt::format("{}.{}", r.task, to_string(r.state))};
+    return events.notify(n).has_value();
+  }
+
+  // ----- deliveries ------------------------------------------------------------------------
+
+  // Judges one delivered job message by the task's record: an offer, or nothing.
+  std::optional<offer> judge(message msg) {
+    auto header = find_header(msg.headers, k_task_header);
+    auto task = task_id::make(header.value_or(""));
+    auto env = parse_envelope(msg.data);
+    if (!task || !env) {  // not ours to offer, ever
+      (void)t->term(msg);
+      return std::nullopt;
+    }
+    for (int round = 0; round < k_cas_rounds; ++round) {
+      auto rec = store->get(config.ns, *task);
+      if (!rec && rec.error().code() == errc::not_found) {
+        rec = adopt(*task, *env, msg);
+        if (!rec && rec.error().code() == errc::conflict) continue;
+      }
+      if (!rec) {  // the backend is away: let it come back later
+        (void)t->nak(msg, std::chrono::seconds(1));
+        return std::nullopt;
+      }
+      switch (rec->state) {
+        case task_state::completed:
+        case task_state::failed:
+        case task_state::cancelled: {
+          if (notify(*rec)) (void)t->ack(msg);
+          return std::nullopt;
+        }
+        case task_state::running: {
+          auto ts = now();
+          if (rec->lease_expires_at > ts) {
+            (void)t->nak(msg, rec->lease_expires_at - ts + k_defer_slack);
+            return std::nullopt;
+          }
+          auto holder = participant_name::make(rec->owner);
+          auto moved = expire(std::move(*rec));
+          if (!moved) {
+            if (moved.error().code() == errc::conflict) continue;
+            (void)t->nak(msg, std::chrono::seconds(1));
+            return std::nullopt;
+          }
+          if (holder) {
+            bool ours = false;
+            {
+              std::lock_guard lock(mu);
+              auto it = leases.find(task->view());
+              ours = it != leases.end() && it->second.holder == *holder;
+            }
+            if (ours) {
+              untrack(task->view());
+              emit_lease_lost(*holder, *task);
+            }
+          }
+          if (is_terminal(moved->state)) {
+            (void)t->term(msg);
+            return std::nullopt;
+          }
+          return make_offer(std::move(*moved), std::move(*env), std::move(msg));
+        }
+        case task_state::queued: {
+          if (rec->attempt >= rec->max_attempts) {  // cannot happen through this code
+            rec->state = task_state::failed;
+            rec->error = task_error{"attempts_exhausted", "no attempts left"};
+            rec->updated_at = now();
+            auto done = store->update(std::move(*rec));
+            if (!done && done.error().code() == errc::conflict) continue;
+            if (done && notify(*done)) (void)t->term(msg);
+            return std::nullopt;
+          }
+          return make_offer(std::move(*rec), std::move(*env), std::move(msg));
+        }
+      }
+    }
+    (void)t->nak(msg);
+    return std::nullopt;
+  }
+
+  offer make_offer(task_record r, envelope env, message msg) {
+    auto job = job_of(r);
+    offer o;
+    o.attempt = r.attempt + 1;
+    o.task = std::move(r);
+    o.env = std::move(env);
+    o.lease = job.lease;
+    o.lapses_at = now() + job.lease;
+    o.msg = std::move(msg);
+    return o;
+  }
+
+  // The record of a task whose submission stopped between publish and record.
+  result<task_record> adopt(const task_id& task, const envelope& env, const message& msg) {
+    task_record r;
+    r.task = task.str();
+    r.ns = config.ns.str();
+    r.job = env.to;
+    r.state = task_state::queued;
+    r.submitted_by = env.from;
+    r.created_at = env.ts;
+    r.updated_at = now();
+    r.job_seq = msg.seq;
+    auto job = job_name::make(env.to);
+    r.max_attempts = job ? config.job(*job).max_attempts : config.default_job.max_attempts;
+    if (auto h = find_header(msg.headers, k_max_attempts_header)) {
+      int n = 0;
+      auto [p, ec] = std::from_chars(h->data(), h->data() + h->size(), n);
+      if (ec == std::errc{} && p == h->data() + h->size() && n >= 1 && n <= k_max_attempts_limit) {
+        r.max_attempts = n;
+      }
+    }
+    return store->create(std::move(r));
+  }
+
+  std::vector<offer> judge_all(std::vector<message> msgs) {
+    std::vector<offer> out;
+    for (auto& m : msgs) {
+      if (auto o = judge(std::move(m))) out.push_back(std::move(*o));
+    }
+    return out;
+  }
+
+  // The record of `task` if `who` holds a live lease on it.
+  result<task_record> held_by(const task_id& task, const participant_name& who) {
+    auto rec = store->get(config.ns, task);
+    if (!rec) {
+      if (rec.error().code() == errc::not_found) return lease_lost(task);
+      return rec;
+    }
+    if (rec->state != task_state::running || rec->owner != who.str() ||
+        rec->lease_expires_at <= now()) {
+      return lease_lost(task);
+    }
+    return rec;
+  }
+
+  bool may_see(const task_record& r, const viewer& by) const {
+    if (by.admin || r.submitted_by == by.who.str()) return true;
+    return std::find(r.holders.begin(), r.holders.end(), by.who.str()) != r.holders.end();
+  }
+};
+
+// ----- job_queue ---------------------------------------------------------------------------
+
+job_queue::job_queue(std::shared_ptr<state> s) : s_(std::move(s)) {}
+
+job_queue::~job_queue() {
+  close();
+}
+
+void job_queue::close() {
+  std::map<std::string, state::held, std::less<>> left;
+  {
+    std::lock_guard lock(s_->mu);
+    s_->closed = true;
+    left.swap(s_->leases);
+  }
+  for (auto& [task, h] : left) s_->t->clock()->cancel(h.timer);
+}
+
+result<std::shared_ptr<job_queue>> job_queue::open(std::shared_ptr<transport> t,
+                                                   const broker_config& config,
+                                                   std::shared_ptr<task_store> store,
+                                                   job_events events) {
+  stream_config sc{.name = subjects::tasks_stream(config.ns),
+                   .subjects = {subjects::job_subjects(config.ns)},
+                   .retention = retention_policy::work_queue,
+                   .storage = config.storage,
+                   .duplicate_window = config.duplicate_window,
+                   .replicas = config.replicas};
+  if (auto r = t->ensure_stream(sc); !r) return r.error();
+  if (!store) {
+    auto opened = task_store::open(t, config);
+    if (!opened) return opened.error();
+    store = *opened;
+  }
+  auto s = std::make_shared<state>(config);
+  s->t = std::move(t);
+  s->store = std::move(store);
+  s->events = std::move(events);
+  s->run = detail::executor_for(config, s->pool);
+  s->stream = sc.name;
+  return std::make_shared<job_queue>(std::move(s));
+}
+
+const job_config& job_queue::config_of(const job_name& job) const {
+  return s_->config.job(job);
+}
+
+const std::shared_ptr<task_store>& job_queue::store() const noexcept {
+  return s_->store;
+}
+
+result<submit_result> job_queue::submit(submit_request req) {
+  auto& job = s_->config.job(req.job);
+  int max_attempts = req.max_attempts.value_or(job.max_attempts);
+  if (max_attempts < 1 || max_attempts > k_max_attempts_limit) {
+    return unexpected(errc::bad_request, fmt::format("max_attempts must be 1 to {}, not {}",
+                                                     k_max_attempts_limit, max_attempts));
+  }
+  auto ts = s_->now();
+  auto id = s_->store->new_id();
+  auto env = detail::seal_envelope({.from = req.from.str(),
+                                    .to = req.job.str(),
+                                    .body = std::move(req.body),
+                                    .type = std::move(req.type),
+                                    .headers = std::move(req.headers),
+                                    .msg_id = id.str()},
+                                   s_->config.ns.view(), ts);
+  if (!env) return env.error();
+  if (auto r = s_->ensure_job(req.job); !r) return r.error();
+
+  bool created = true;
+  if (!req.idempotency_key.empty()) {
+    auto bound = s_->store->bind_idempotency_key(s_->config.ns, req.from, req.idempotency_key, id);
+    if (!bound) return bound.error();
+    if (!bound->bound) {
+      created = false;
+      id = bound->task;
+      auto existing = s_->store->get(s_->config.ns, id);
+      if (existing) return submit_result{id, false};
+      if (existing.error().code() != errc::not_found) return existing.error();
+      env->id = id.str();  // an earlier submission was cut short: finish it
+    }
+  }
+
+  outgoing_message msg{
+      .subject = subjects::job_subject(s_->config.ns, req.job),
+      .data = to_json(*env),
+      .headers = {{std::string(k_task_header), id.str()},
+                  {std::string(k_max_attempts_header), std::to_string(max_attempts)}},
+      .msg_id = id.str()};
+  auto published = s_->t->publish(std::move(msg));
+  if (!published) return published.error();
+
+  task_record r;
+  r.task = id.str();
+  r.ns = s_->config.ns.str();
+  r.job = req.job.str();
+  r.state = task_state::queued;
+  r.max_attempts = max_attempts;
+  r.submitted_by = req.from.str();
+  r.created_at = env->ts;
+  r.updated_at = env->ts;
+  r.job_seq = published->seq;
+  auto stored = s_->store->create(std::move(r));
+  // `conflict`: a fetch adopted it from the message already.
+  if (!stored && stored.error().code() != errc::conflict) return stored.error();
+  return submit_result{id, created};
+}
+
+result<std::vector<offer>> job_queue::fetch(const job_name& job, std::size_t n, duration max_wait) {
+  if (n == 0) return std::vector<offer>{};
+  if (auto r = s_->ensure_job(job); !r) return r.error();
+  auto msgs = s_->t->fetch(s_->stream, subjects::job_consumer(job),
+                           fetch_request{.batch = n, .max_wait = max_wait});
+  if (!msgs) return msgs.error();
+  return s_->judge_all(std::move(*msgs));
+}
+
+void job_queue::async_fetch(const job_name& job, std::size_t n, duration max_wait,
+                            completion<std::vector<offer>> done) {
+  if (n == 0) {
+    return s_->post([done = std::move(done)] { done(std::vector<offer>{}); });
+  }
+  if (auto r = s_->ensure_job(job); !r) {
+    return s_->post([done = std::move(done), e = r.error()] { done(e); });
+  }
+  std::weak_ptr<state> weak = s_;
+  s_->t->async_fetch(s_->stream, subjects::job_consumer(job),
+                     fetch_request{.batch = n, .max_wait = max_wait},
+                     [weak, done = std::move(done)](result<std::vector<message>> msgs) mutable {
+                       auto s = weak.lock();
+                       if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
+                       s->post([weak, done = std::move(done), msgs = std::move(msgs)]() mutable {
+                         auto self = weak.lock();
+                         if (!self) return done(unexpected(errc::unavailable, "job queue closed"));
+                         if (!msgs) return done(std::move(msgs).error());
+                         done(self->judge_all(std::move(*msgs)));
+                       });
+                     });
+}
+
+result<lease> job_queue::claim(const offer& o, const participant_name& who) {
+  auto task = task_id::make(o.task.task);
+  if (!task) return task.error();
+  auto ts = s_->now();
+  if (ts >= o.lapses_at) {
+    return unexpected(errc::not_found, fmt::format("the offer of {} lapsed", o.task.task));
+  }
+  task_record r = o.task;
+  r.state = task_state::running;
+  r.attempt = o.attempt;
+  r.owner = who.str();
+  r.holders.push_back(who.str());
+  r.lease_expires_at = ts + o.lease;
+  r.updated_at = ts;
+  r.ack_token = o.msg.ack_token;
+  r.job_seq = o.msg.seq;
+  auto stored = s_->store->update(std::move(r));
+  if (!stored) {
+    if (stored.error().code() != errc::conflict) return stored.error();
+    auto now_rec = s_->store->get(s_->config.ns, *task);
+    if (now_rec && now_rec->state == task_state::running && now_rec->owner == who.str() &&
+        now_rec->ack_token == o.msg.ack_token) {
+      return lease{*task, now_rec->attempt, now_rec->lease_expires_at};  // a repeated claim
+    }
+    return unexpected(errc::conflict, fmt::format("task {} moved on", o.task.task));
+  }
+  (void)s_->t->in_progress(o.msg);
+  s_->track(*stored, who);
+  return lease{*task, stored->attempt, stored->lease_expires_at};
+}
+
+result<void> job_queue::decline(const offer& o) {
+  auto job = job_name::make(o.task.job);
+  auto delay = job ? s_->config.job(*job).decline_delay : s_->config.default_job.decline_delay;
+  return s_->t->nak(o.msg, delay);
+}
+
+result<void> job_queue::release(const offer& o) {
+  return s_->t->nak(o.msg);
+}
+
+result<lease> job_queue::heartbeat(const task_id& task, const participant_name& who) {
+  for (int round = 0; round < k_cas_rounds; ++round) {
+    auto rec = s_->held_by(task, who);
+    if (!rec) return rec.error();
+    rec->lease_expires_at = s_->now() + s_->job_of(*rec).lease;
+    rec->updated_at = s_->now();
+    auto stored = s_->store->update(std::move(*rec));
+    if (!stored) {
+      if (stored.error().code() == errc::conflict) continue;
+      return stored.error();
+    }
+    (void)s_->t->in_progress(token_message(*stored));
+    s_->track(*stored, who);
+    return lease{task, stored->attempt, stored->lease_expires_at};
+  }
+  return unexpected(errc::unavailable, fmt::format("task {} kept changing", task.view()));
+}
+
+std::vector<task_id> job_queue::leases_of(const participant_name& who) const {
+  std::vector<task_id> out;
+  std::lock_guard lock(s_->mu);
+  for (const auto& [task, h] : s_->leases) {
+    if (h.holder == who) {
+      if (auto id = task_id::make(task)) out.push_back(*id);
+    }
+  }
+  return out;
+}
+
+result<std::vector<lease>> job_queue::heartbeat_all(const participant_name& who) {
+  std::vector<lease> out;
+  for (const auto& task : leases_of(who)) {
+    auto l = heartbeat(task, who);
+    if (l) {
+      out.push_back(*l);
+    } else if (l.error().code() != errc::lease_lost) {
+      return l.error();
+    }
+  }
+  return out;
+}
+
+result<task_record> job_queue::release_lease(const task_id& task, const participant_name& who) {
+  for (int round = 0; round < k_cas_rounds; ++round) {
+    auto rec = s_->held_by(task, who);
+    if (!rec) return rec;
+    auto token = token_message(*rec);
+    auto moved = s_->expire(std::move(*rec));
+    if (!moved) {
+      if (moved.error().code() == errc::conflict) continue;
+      return moved;
+    }
+    s_->untrack(task.view());
+    if (moved->state == task_state::queued) (void)s_->t->nak(token);
+    return moved;
+  }
+  return unexpected(errc::unavailable, fmt::format("task {} kept changing", task.view()));
+}
+
+result<completion_result> job_queue::complete(const task_id& task, const participant_name& who,
+                                              std::string result_json) {
+  if (auto r = json_check(result_json); !r) {
+    return unexpected(errc::bad_request, "result: " + r.error().message());
+  }
+  for (int round = 0; round < k_cas_rounds; ++round) {
+    auto rec = s_->store->get(s_->config.ns, task);
+    if (!rec) {
+      if (rec.error().code() == errc::not_found) return lease_lost(task);
+      return rec.error();
+    }
+    if (rec->state == task_state::completed && rec->owner == who.str()) {
+      return completion_result{std::move(*rec), true};
+    }
+    if (rec->state != task_state::running || rec->owner != who.str() ||
+        rec->lease_expires_at <= s_->now()) {
+      return lease_lost(task);
+    }
+    rec->state = task_state::completed;
+    rec->result = result_json;
+    rec->lease_expires_at = {};
+    rec->updated_at = s_->now();
+    auto stored = s_->store->update(std::move(*rec));
+    if (!stored) {
+      if (stored.error().code() == errc::conflict) continue;
+      return stored.error();
+    }
+    s_->untrack(task.view());
+    s_->finish(*stored, ack_kind::ack);
+    return completion_result{std::move(*stored), false};
+  }
+  return unexpected(errc::unavailable, fmt::format("task {} kept changing", task.view()));
+}
+
+result<task_record> job_queue::fail(const task_id& task, const participant_name& who,
+                                    task_error error, bool retry, duration retry_delay) {
+  for (int round = 0; round < k_cas_rounds; ++round) {
+    auto rec = s_->held_by(task, who);
+    if (!rec) return rec;
+    auto token = token_message(*rec);
+    rec->error = error;
+    rec->lease_expires_at = {};
+    rec->updated_at = s_->now();
+    bool again = retry && rec->attempt < rec->max_attempts;
+    if (again) {
+      rec->state = task_state::queued;
+      rec->owner.clear();
+      rec->ack_token.clear();
+    } else {
+      rec->state = task_state::failed;
+    }
+    auto stored = s_->store->update(std::move(*rec));
+    if (!stored) {
+      if (stored.error().code() == errc::conflict) continue;
+      return stored;
+    }
+    s_->untrack(task.view());
+    if (again) {
+      (void)s_->t->nak(token, std::max(retry_delay, duration::zero()));
+    } else {
+      if (s_->notify(*stored)) (void)s_->t->term(token);
+    }
+    return stored;
+  }
+  return unexpected(errc::unavailable, fmt::format("task {} kept changing", task.view()));
+}
+
+result<task_record> job_queue::cancel(const task_id& task, const viewer& by) {
+  for (int round = 0; round < k_cas_rounds; ++round) {
+    auto rec = s_->store->get(s_->config.ns, task);
+    if (!rec) return rec;
+    if (!by.admin && rec->submitted_by != by.who.str()) {
+      return unexpected(errc::not_found, fmt::format("no task {}", task.view()));
+    }
+    if (is_terminal(rec->state)) {
+      return unexpected(errc::conflict,
+                        fmt::format("task {} already {}", task.view(), to_string(rec->state)));
+    }
+    bool was_running = rec->state == task_state::running;
+    auto holder = participant_name::make(rec->owner);
+    rec->state = task_state::cancelled;
+    rec->lease_expires_at = {};
+    rec->updated_at = s_->now();
+    auto stored = s_->store->update(std::move(*rec));
+    if (!stored) {
+      if (stored.error().code() == errc::conflict) continue;
+      return stored;
+    }
+    if (was_running && holder) {
+      bool ours = false;
+      {
+        std::lock_guard lock(s_->mu);
+        auto it = s_->leases.find(task.view());
+        ours = it != s_->leases.end() && it->second.holder == *holder;
+      }
+      s_->untrack(task.view());
+      if (ours && s_->events.cancelled) {
+        auto h = *holder;
+        auto cb = s_->events.cancelled;
+        s_->post([cb, h, task] { cb(h, task); });
+      }
+    }
+    // A queued task's message is dropped when it is next delivered.
+    s_->finish(*stored, ack_kind::term);
+    return stored;
+  }
+  return unexpected(errc::unavailable, fmt::format("task {} kept changing", task.view()));
+}
+
+result<task_record> job_queue::get(const task_id& task, const viewer& by) {
+  auto rec = s_->store->get(s_->config.ns, task);
+  if (!rec) return rec;
+  if (!s_->may_see(*rec, by)) {
+    return unexpected(errc::not_found, fmt::format("no task {}", task.view()));
+  }
+  return rec;
+}
+
+result<std::vector<task_record>> job_queue::history(const task_id& task, const viewer& by) {
+  auto rec = get(task, by);
+  if (!rec) return rec.error();
+  return s_->store->history(s_->config.ns, task);
+}
+
+}  // namespace amp

@@ -1,0 +1,314 @@
+#include "amp/broker/task_store.hpp"
+
+#include <openssl/evp.h>
+#include <simdjson.h>
+
+#include <array>
+
+#include <fmt/format.h>
+
+#include "amp/json.hpp"
+#include "amp/subjects.hpp"
+#include "amp/timestamp.hpp"
+#include "broker/common.hpp"
+
+namespace amp {
+
+std::string_view to_string(task_state s) noexcept {
+  switch (s) {
+    case task_state::queued: return "queued";
+    case task_state::running: return "running";
+    case task_state::completed: return "completed";
+    case task_state::failed: return "failed";
+    case task_state::cancelled: return "cancelled";
+  }
+  return "queued";
+}
+
+bool is_terminal(task_state s) noexcept {
+  return s == task_state::completed || s == task_state::failed || s == task_state::cancelled;
+}
+
+namespace {
+
+constexpr int k_history = 64;
+constexpr std::size_t k_max_idempotency_key = 256;
+
+std::optional<task_state> state_from(std::string_view s) {
+  for (auto st : {task_state::queued, task_state::running, task_state::completed,
+                  task_state::failed, task_state::cancelled}) {
+    if (to_string(st) == s) return st;
+  }
+  return std::nullopt;
+}
+
+void write_time_or_null(json_writer& w, std::string_view key, time_point t) {
+  w.key(key);
+  if (t == time_point{}) {
+    w.null();
+  } else {
+    w.string(format_timestamp(t));
+  }
+}
+
+void write_string_or_null(json_writer& w, std::string_view key, const std::string& v) {
+  w.key(key);
+  if (v.empty()) {
+    w.null();
+  } else {
+    w.string(v);
+  }
+}
+
+// The spec's members, then either the revision (wire form) or the broker's own members.
+std::string write_record(const task_record& r, bool stored) {
+  json_writer w;
+  w.begin_object();
+  w.key("task").string(r.task);
+  w.key("ns").string(r.ns);
+  w.key("job").string(r.job);
+  w.key("state").string(to_string(r.state));
+  w.key("attempt").integer(r.attempt);
+  w.key("max_attempts").integer(r.max_attempts);
+  w.key("submitted_by").string(r.submitted_by);
+  write_string_or_null(w, "owner", r.owner);
+  write_time_or_null(w, "lease_expires_at", r.lease_expires_at);
+  write_time_or_null(w, "created_at", r.created_at);
+  write_time_or_null(w, "updated_at", r.updated_at);
+  w.key("result");
+  if (r.result.empty()) {
+    w.null();
+  } else {
+    w.raw(r.result);
+  }
+  w.key("error");
+  if (r.error) {
+    w.begin_object();
+    w.key("code").string(r.error->code);
+    w.key("message").string(r.error->message);
+    w.end_object();
+  } else {
+    w.null();
+  }
+  if (stored) {
+    w.key("holders").begin_array();
+    for (const auto& h : r.holders) w.string(h);
+    w.end_array();
+    w.key("ack").string(r.ack_token);
+    w.key("job_seq").integer(r.job_seq);
+  } else {
+    w.key("revision").integer(r.revision);
+  }
+  w.end_object();
+  return w.take();
+}
+
+result<time_point> time_member(simdjson::dom::object o, std::string_view key) {
+  simdjson::dom::element e;
+  if (o[key].get(e) != simdjson::SUCCESS || e.is_null()) return time_point{};
+  std::string_view s;
+  if (e.get(s) != simdjson::SUCCESS) {
+    return unexpected(errc::internal, fmt::format("task record: {} is not a string", key));
+  }
+  auto t = parse_timestamp(s);
+  if (!t) return t.error();
+  return *t;
+}
+
+std::string string_member(simdjson::dom::object o, std::string_view key) {
+  std::string_view s;
+  if (o[key].get(s) != simdjson::SUCCESS) return {};
+  return std::string(s);
+}
+
+std::string sha256_hex(std::string_view a, std::string_view b) {
+  std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
+  unsigned int len = 0;
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  EVP_DigestUpdate(ctx, a.data(), a.size());
+  const char zero = '\0';
+  EVP_DigestUpdate(ctx, &zero, 1);
+  EVP_DigestUpdate(ctx, b.data(), b.size());
+  EVP_DigestFinal_ex(ctx, md.data(), &len);
+  EVP_MD_CTX_free(ctx);
+  std::string out;
+  out.reserve(len * 2);
+  for (unsigned int i = 0; i < len; ++i) out += fmt::format("{:02x}", md[i]);
+  return out;
+}
+
+}  // namespace
+
+std::string to_json(const task_record& r) {
+  return write_record(r, false);
+}
+
+result<task_record> parse_task_record(std::string_view json) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element doc;
+  simdjson::dom::object o;
+  if (parser.parse(json.data(), json.size()).get(doc) != simdjson::SUCCESS ||
+      doc.get(o) != simdjson::SUCCESS) {
+    return unexpected(errc::internal, "task record: not a JSON object");
+  }
+  task_record r;
+  r.task = string_member(o, "task");
+  r.ns = string_member(o, "ns");
+  r.job = string_member(o, "job");
+  auto st = state_from(string_member(o, "state"));
+  if (!st || r.task.empty()) return unexpected(errc::internal, "task record: no task or state");
+  r.state = *st;
+  std::int64_t n = 0;
+  if (o["attempt"].get(n) == simdjson::SUCCESS) r.attempt = static_cast<int>(n);
+  if (o["max_attempts"].get(n) == simdjson::SUCCESS) r.max_attempts = static_cast<int>(n);
+  r.submitted_by = string_member(o, "submitted_by");
+  r.owner = string_member(o, "owner");
+  for (auto [key, field] :
+       {std::pair{"lease_expires_at", &r.lease_expires_at}, std::pair{"created_at", &r.created_at},
+        std::pair{"updated_at", &r.updated_at}}) {
+    auto t = time_member(o, key);
+    if (!t) return t.error();
+    *field = *t;
+  }
+  simdjson::dom::element e;
+  if (o["result"].get(e) == simdjson::SUCCESS && !e.is_null()) r.result = simdjson::minify(e);
+  simdjson::dom::object err;
+  if (o["error"].get(err) == simdjson::SUCCESS) {
+    r.error = task_error{string_member(err, "code"), string_member(err, "message")};
+  }
+  simdjson::dom::array holders;
+  if (o["holders"].get(holders) == simdjson::SUCCESS) {
+    for (auto h : holders) {
+      std::string_view s;
+      if (h.get(s) == simdjson::SUCCESS) r.holders.emplace_back(s);
+    }
+  }
+  r.ack_token = string_member(o, "ack");
+  std::uint64_t seq = 0;
+  if (o["job_seq"].get(seq) == simdjson::SUCCESS) r.job_seq = seq;
+  return r;
+}
+
+task_store::task_store(std::shared_ptr<transport> t, std::string bucket)
+    : transport_(std::move(t)), bucket_(std::move(bucket)) {}
+
+result<std::shared_ptr<task_store>> task_store::open(std::shared_ptr<transport> t,
+                                                     const broker_config& config) {
+  kv_config kv{.bucket = subjects::task_state_bucket(),
+               .history = k_history,
+               .storage = config.storage,
+               .replicas = config.replicas};
+  if (auto r = t->ensure_bucket(kv); !r) return r.error();
+  return std::make_shared<task_store>(std::move(t), kv.bucket);
+}
+
+task_id task_store::new_id() const {
+  return *task_id::make(detail::unique_id("t_", transport_->clock()->now()));
+}
+
+namespace {
+
+result<task_record> record_of(const kv_entry& e) {
+  auto r = parse_task_record(e.value);
+  if (!r) return r.error();
+  r->revision = e.revision;
+  return r;
+}
+
+result<task_record> key_of(const task_record& r, std::string& key) {
+  auto ns = namespace_name::make(r.ns);
+  if (!ns) return ns.error();
+  auto id = task_id::make(r.task);
+  if (!id) return id.error();
+  key = subjects::task_key(*ns, *id);
+  return r;
+}
+
+}  // namespace
+
+result<task_record> task_store::create(task_record r) {
+  std::string key;
+  if (auto k = key_of(r, key); !k) return k.error();
+  auto rev = transport_->kv_create(bucket_, key, write_record(r, true));
+  if (!rev) {
+    if (rev.error().code() == errc::conflict) {
+      return unexpected(errc::conflict, fmt::format("task {} exists", r.task));
+    }
+    return rev.error();
+  }
+  r.revision = *rev;
+  return r;
+}
+
+result<task_record> task_store::get(const namespace_name& ns, const task_id& task) {
+  auto e = transport_->kv_get(bucket_, subjects::task_key(ns, task));
+  if (!e) {
+    if (e.error().code() == errc::not_found) {
+      return unexpected(errc::not_found, fmt::format("no task {}", task.view()));
+    }
+    return e.error();
+  }
+  return record_of(*e);
+}
+
+result<task_record> task_store::update(task_record r) {
+  std::string key;
+  if (auto k = key_of(r, key); !k) return k.error();
+  auto rev = transport_->kv_update(bucket_, key, write_record(r, true), r.revision);
+  if (!rev) {
+    if (rev.error().code() == errc::conflict) {
+      return unexpected(errc::conflict, fmt::format("task {} moved on", r.task));
+    }
+    return rev.error();
+  }
+  r.revision = *rev;
+  return r;
+}
+
+result<std::vector<task_record>> task_store::history(const namespace_name& ns,
+                                                     const task_id& task) {
+  auto entries = transport_->kv_history(bucket_, subjects::task_key(ns, task));
+  if (!entries) {
+    if (entries.error().code() == errc::not_found) {
+      return unexpected(errc::not_found, fmt::format("no task {}", task.view()));
+    }
+    return entries.error();
+  }
+  std::vector<task_record> out;
+  for (const auto& e : *entries) {
+    if (e.op != kv_op::put) continue;
+    auto r = record_of(e);
+    if (!r) return r.error();
+    out.push_back(std::move(*r));
+  }
+  if (out.empty()) return unexpected(errc::not_found, fmt::format("no task {}", task.view()));
+  return out;
+}
+
+result<task_store::binding> task_store::bind_idempotency_key(const namespace_name& ns,
+                                                             const participant_name& submitter,
+                                                             std::string_view key,
+                                                             const task_id& proposed) {
+  if (key.empty() || key.size() > k_max_idempotency_key) {
+    return unexpected(errc::bad_request,
+                      fmt::format("idempotency_key must be 1 to {} bytes, not {}",
+                                  k_max_idempotency_key, key.size()));
+  }
+  auto kv_key = subjects::idempotency_key(ns, sha256_hex(submitter.view(), key));
+  for (int round = 0; round < 3; ++round) {
+    auto created = transport_->kv_create(bucket_, kv_key, proposed.str());
+    if (created) return binding{proposed, true};
+    if (created.error().code() != errc::conflict) return created.error();
+    auto existing = transport_->kv_get(bucket_, kv_key);
+    if (existing) {
+      auto id = task_id::make(existing->value);
+      if (!id) return unexpected(errc::internal, "idempotency index holds a bad task id");
+      return binding{*id, false};
+    }
+    if (existing.error().code() != errc::not_found) return existing.error();
+  }
+  return unexpected(errc::unavailable, "idempotency index kept changing; try again");
+}
+
+}  // namespace amp

@@ -1,0 +1,522 @@
+// The job queue's rules (spec §7) on every transport: offers, claims, leases, attempts,
+// commit-then-ack, cancellation, idempotent submission, and recovery from a submission
+// or an acknowledgement cut short.
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "amp/broker/job_queue.hpp"
+#include "amp/subjects.hpp"
+#include "broker/cases/broker_helpers.hpp"
+#include "broker/cases/faulty_transport.hpp"
+
+namespace amp::broker_testing {
+namespace {
+
+class jobs_env {
+ public:
+  explicit jobs_env(int max_attempts = 3)
+      : fx_(make_fixture()),
+        t(std::make_shared<faulty_transport>(fx_->shared_transport())),
+        cfg(config_for(*fx_)) {
+    cfg.default_job.lease = fx_->real_time() ? std::chrono::seconds(1) : std::chrono::seconds(30);
+    cfg.default_job.decline_delay =
+        fx_->real_time() ? std::chrono::milliseconds(300) : std::chrono::seconds(1);
+    cfg.default_job.max_attempts = max_attempts;
+    q = open_queue();
+  }
+
+  std::shared_ptr<job_queue> open_queue() {
+    job_events ev;
+    ev.lease_lost = [this](const participant_name& p, const task_id& id) {
+      std::lock_guard lock(mu_);
+      lost_.emplace_back(p.str(), id.str());
+    };
+    ev.cancelled = [this](const participant_name& p, const task_id& id) {
+      std::lock_guard lock(mu_);
+      cancelled_.emplace_back(p.str(), id.str());
+    };
+    ev.notify = [this](const task_notice& n) -> result<void> {
+      if (fail_notices) return unexpected(errc::unavailable, "inbox away");
+      std::lock_guard lock(mu_);
+      notices_.push_back(n);
+      return {};
+    };
+    return must(job_queue::open(t, cfg, {}, ev));
+  }
+
+  fixture& fx() { return *fx_; }
+  void advance(duration d) { fx_->advance(d); }
+  duration lease() const { return cfg.default_job.lease; }
+
+  task_id submit(std::string body = R"({"n":1})", std::string key = {},
+                 std::optional<int> attempts = {}) {
+    return must(q->submit({.job = job,
+                           .from = alice,
+                           .body = std::move(body),
+                           .max_attempts = attempts,
+                           .idempotency_key = std::move(key)}))
+        .task;
+  }
+
+  // What is on offer now (on a real backend, waiting briefly for the first).
+  std::vector<offer> offers(std::size_t n = 1) {
+    auto wait = fx_->real_time() ? std::chrono::milliseconds(1500) : duration::zero();
+    return must(q->fetch(job, n, wait));
+  }
+
+  // What is on offer at once.
+  std::vector<offer> offers_now(std::size_t n = 1) { return must(q->fetch(job, n, {})); }
+
+  offer one_offer() {
+    auto got = offers();
+    REQUIRE(got.size() == 1);
+    return got.front();
+  }
+
+  task_record record(const task_id& id) {
+    return must(q->get(id, viewer{.who = alice, .admin = true}));
+  }
+
+  std::uint64_t stored_messages() {
+    return must(t->stream_info_of(subjects::tasks_stream(cfg.ns))).state.messages;
+  }
+
+  std::vector<std::pair<std::string, std::string>> lost() {
+    std::lock_guard lock(mu_);
+    return lost_;
+  }
+  std::vector<std::pair<std::string, std::string>> cancelled() {
+    std::lock_guard lock(mu_);
+    return cancelled_;
+  }
+  std::vector<task_notice> notices() {
+    std::lock_guard lock(mu_);
+    return notices_;
+  }
+
+ private:
+  std::unique_ptr<fixture> fx_;
+
+ public:
+  std::shared_ptr<faulty_transport> t;
+  broker_config cfg;
+  std::shared_ptr<job_queue> q;
+  job_name job = jname("resize");
+  participant_name alice = pname("alice");
+  participant_name w1 = pname("w1");
+  participant_name w2 = pname("w2");
+  std::atomic<bool> fail_notices{false};
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<std::string, std::string>> lost_;
+  std::vector<std::pair<std::string, std::string>> cancelled_;
+  std::vector<task_notice> notices_;
+};
+
+TEST_CASE("a task goes from submit through offer and claim to completed", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit(R"({"w":640})");
+  auto rec = env.record(id);
+  CHECK(rec.state == task_state::queued);
+  CHECK(rec.attempt == 0);
+  CHECK(rec.max_attempts == 3);
+  CHECK(rec.submitted_by == "alice");
+  CHECK(rec.job == "resize");
+
+  auto o = env.one_offer();
+  CHECK(o.task.task == id.str());
+  CHECK(o.attempt == 1);
+  CHECK(o.env.from == "alice");
+  CHECK(o.env.to == "resize");
+  CHECK(o.env.body == R"({"w":640})");
+
+  auto l = must(env.q->claim(o, env.w1));
+  CHECK(l.attempt == 1);
+  rec = env.record(id);
+  CHECK(rec.state == task_state::running);
+  CHECK(rec.owner == "w1");
+  CHECK(rec.lease_expires_at == l.expires_at);
+
+  auto done = must(env.q->complete(id, env.w1, R"({"ok":true})"));
+  CHECK_FALSE(done.duplicate);
+  CHECK(done.task.state == task_state::completed);
+  rec = env.record(id);
+  CHECK(rec.state == task_state::completed);
+  CHECK(rec.result == R"({"ok":true})");
+  CHECK(env.stored_messages() == 0);  // acknowledged after the commit
+
+  auto notices = env.notices();
+  REQUIRE(notices.size() == 1);
+  CHECK(notices[0].to.str() == "alice");
+  CHECK(notices[0].type == "amp.task.completed");
+  CHECK(notices[0].body == R"({"task":")" + id.str() +
+                               R"(","job":"resize","state":"completed","attempt":1,)"
+                               R"("result":{"ok":true}})");
+
+  auto again = must(env.q->complete(id, env.w1, R"({"ok":true})"));
+  CHECK(again.duplicate);
+  CHECK(code_of(env.q->complete(id, env.w2, "1")) == errc::lease_lost);
+  CHECK(env.offers().empty());
+}
+
+TEST_CASE("two claims of one task never both succeed", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  auto o = env.one_offer();
+  constexpr int k_racers = 8;
+  std::atomic<int> won{0};
+  std::atomic<int> conflicts{0};
+  std::vector<std::thread> racers;
+  for (int i = 0; i < k_racers; ++i) {
+    racers.emplace_back([&, i] {
+      auto r = env.q->claim(o, pname("w" + std::to_string(i)));
+      if (r) {
+        ++won;
+      } else if (r.error().code() == errc::conflict) {
+        ++conflicts;
+      }
+    });
+  }
+  for (auto& r : racers) r.join();
+  CHECK(won == 1);
+  CHECK(conflicts == k_racers - 1);
+  CHECK(env.record(id).attempt == 1);
+}
+
+TEST_CASE("only the live lease holder completes; others get lease_lost", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  CHECK(code_of(env.q->complete(id, env.w2, "1")) == errc::lease_lost);
+  CHECK(code_of(env.q->fail(id, env.w2, {"x", "y"}, true, {})) == errc::lease_lost);
+  CHECK(code_of(env.q->heartbeat(id, env.w2)) == errc::lease_lost);
+  CHECK(code_of(env.q->complete(id, env.w1, "not json")) == errc::bad_request);
+  CHECK(env.record(id).state == task_state::running);
+  CHECK(env.stored_messages() == 1);
+}
+
+TEST_CASE("an expired lease: lease_lost, offered again, late complete refused", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  REQUIRE(eventually([&] { return !env.lost().empty(); }));
+  CHECK(env.lost() == std::vector<std::pair<std::string, std::string>>{{"w1", id.str()}});
+  auto rec = env.record(id);
+  CHECK(rec.state == task_state::queued);
+  CHECK(rec.owner.empty());
+  CHECK(rec.attempt == 1);
+
+  auto o = env.one_offer();
+  CHECK(o.attempt == 2);
+  CHECK(code_of(env.q->complete(id, env.w1, "1")) == errc::lease_lost);
+  CHECK(env.stored_messages() == 1);  // the stale holder's ack was never sent
+  must(env.q->claim(o, env.w2));
+  must(env.q->complete(id, env.w2, "2"));
+  rec = env.record(id);
+  CHECK(rec.state == task_state::completed);
+  CHECK(rec.holders == std::vector<std::string>{"w1", "w2"});
+  auto history = must(env.q->history(id, viewer{.who = env.w1}));
+  CHECK(history.front().state == task_state::queued);
+  CHECK(history.back().state == task_state::completed);
+}
+
+TEST_CASE("heartbeats keep a lease alive past its length", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  for (int i = 0; i < 3; ++i) {
+    env.advance(env.lease() * 6 / 10);
+    auto l = must(env.q->heartbeat(id, env.w1));
+    CHECK(l.expires_at > env.t->clock()->now());
+  }
+  auto all = must(env.q->heartbeat_all(env.w1));
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].task == id);
+  CHECK(env.offers_now().empty());  // never redelivered while the lease lives
+  must(env.q->complete(id, env.w1, "true"));
+  CHECK(env.lost().empty());
+}
+
+TEST_CASE("max_attempts expired leases end the task failed: attempts_exhausted", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit("1", {}, 2);
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    auto o = env.one_offer();
+    CHECK(o.attempt == attempt);
+    must(env.q->claim(o, env.w1));
+    env.advance(env.lease() + std::chrono::milliseconds(100));
+    REQUIRE(eventually([&] { return env.record(id).state != task_state::running; }));
+  }
+  auto rec = env.record(id);
+  CHECK(rec.state == task_state::failed);
+  REQUIRE(rec.error.has_value());
+  CHECK(rec.error->code == "attempts_exhausted");
+  CHECK(rec.attempt == 2);
+  CHECK(env.offers().empty());
+  CHECK(env.stored_messages() == 0);
+  REQUIRE(env.notices().size() == 1);
+  CHECK(env.notices()[0].type == "amp.task.failed");
+}
+
+TEST_CASE("an expired lease found by a redelivery, with no timer of ours, is judged too",
+          "[jobs]") {
+  jobs_env env;
+  auto id = env.submit("1", {}, 1);
+  must(env.q->claim(env.one_offer(), env.w1));
+  env.q->close();  // the gateway that granted the lease is gone
+  env.q = env.open_queue();
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  CHECK(env.offers().empty());
+  auto rec = env.record(id);
+  CHECK(rec.state == task_state::failed);
+  CHECK(rec.error->code == "attempts_exhausted");
+  CHECK(env.stored_messages() == 0);
+}
+
+TEST_CASE("fail retries after the delay while attempts remain, then fails", "[jobs]") {
+  jobs_env env(2);
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  auto r = must(env.q->fail(id, env.w1, {"busy", "try later"}, true, env.lease() / 2));
+  CHECK(r.state == task_state::queued);
+  CHECK(r.attempt == 1);
+  CHECK(r.owner.empty());
+  if (!env.fx().real_time()) CHECK(env.offers().empty());  // not before the delay
+  env.advance(env.lease() / 2 + std::chrono::milliseconds(50));
+  auto o = env.one_offer();
+  CHECK(o.attempt == 2);
+  must(env.q->claim(o, env.w2));
+  r = must(env.q->fail(id, env.w2, {"broken", "no"}, true, {}));
+  CHECK(r.state == task_state::failed);  // no attempts left
+  CHECK(r.error == task_error{"broken", "no"});
+  CHECK(env.stored_messages() == 0);
+  CHECK(env.notices().at(0).type == "amp.task.failed");
+}
+
+TEST_CASE("fail without retry ends the task at once", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  auto r = must(env.q->fail(id, env.w1, {"bad_input", "cannot"}, false, {}));
+  CHECK(r.state == task_state::failed);
+  CHECK(r.attempt == 1);
+  CHECK(env.offers().empty());
+}
+
+TEST_CASE("a declined offer comes back after decline_delay without an attempt", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->decline(env.one_offer()));
+  if (!env.fx().real_time()) CHECK(env.offers().empty());
+  env.advance(env.cfg.default_job.decline_delay + std::chrono::milliseconds(50));
+  auto o = env.one_offer();
+  CHECK(o.attempt == 1);
+  CHECK(env.record(id).attempt == 0);
+  must(env.q->release(o));
+  CHECK(env.one_offer().attempt == 1);  // released: back at once
+}
+
+TEST_CASE("an offer neither claimed nor declined lapses and is offered again", "[jobs]") {
+  jobs_env env;
+  env.submit();
+  auto o = env.one_offer();
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  CHECK(code_of(env.q->claim(o, env.w1)) == errc::not_found);
+  auto again = env.one_offer();
+  CHECK(again.attempt == 1);
+  must(env.q->claim(again, env.w2));
+}
+
+TEST_CASE("cancel: queued and running tasks end; terminal is conflict; others not_found",
+          "[jobs]") {
+  jobs_env env;
+  auto queued = env.submit("1");
+  auto running = env.submit("2");
+  auto offers = env.offers(2);
+  REQUIRE(offers.size() == 2);
+  auto& o = offers[0].task.task == running.str() ? offers[0] : offers[1];
+  auto& other = offers[0].task.task == running.str() ? offers[1] : offers[0];
+  must(env.q->claim(o, env.w1));
+  must(env.q->release(other));
+
+  CHECK(code_of(env.q->cancel(queued, viewer{.who = env.w1})) == errc::not_found);
+  CHECK(must(env.q->cancel(queued, viewer{.who = env.alice})).state == task_state::cancelled);
+  CHECK(must(env.q->cancel(running, viewer{.who = env.w2, .admin = true})).state ==
+        task_state::cancelled);
+  REQUIRE(eventually([&] { return !env.cancelled().empty(); }));
+  CHECK(env.cancelled() == std::vector<std::pair<std::string, std::string>>{{"w1", running.str()}});
+  CHECK(code_of(env.q->complete(running, env.w1, "1")) == errc::lease_lost);
+  CHECK(code_of(env.q->cancel(queued, viewer{.who = env.alice})) == errc::conflict);
+  CHECK(env.offers(2).empty());  // the queued one's message is dropped when delivered
+  CHECK(env.stored_messages() == 0);
+  std::set<std::string> notices;  // repeats carry the same msg_id
+  for (const auto& n : env.notices()) notices.insert(n.msg_id);
+  CHECK(notices ==
+        std::set<std::string>{queued.str() + ".cancelled", running.str() + ".cancelled"});
+}
+
+TEST_CASE("the same idempotency key returns the same task", "[jobs]") {
+  jobs_env env;
+  auto a = must(env.q->submit(
+      {.job = env.job, .from = env.alice, .body = "1", .idempotency_key = "order-42"}));
+  CHECK(a.created);
+  for (int i = 0; i < 3; ++i) {
+    auto b = must(env.q->submit(
+        {.job = env.job, .from = env.alice, .body = "1", .idempotency_key = "order-42"}));
+    CHECK(b.task == a.task);
+    CHECK_FALSE(b.created);
+  }
+  auto other = must(
+      env.q->submit({.job = env.job, .from = env.w1, .body = "1", .idempotency_key = "order-42"}));
+  CHECK(other.task != a.task);
+  CHECK(other.created);
+  CHECK(env.stored_messages() == 2);
+  CHECK(code_of(env.q->submit({.job = env.job,
+                               .from = env.alice,
+                               .body = "1",
+                               .idempotency_key = std::string(257, 'k')})) == errc::bad_request);
+}
+
+TEST_CASE("task ids are unique and sort by creation", "[jobs]") {
+  jobs_env env;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 50; ++i) {
+    ids.push_back(env.q->store()->new_id().str());
+    if (i % 10 == 0) env.advance(std::chrono::milliseconds(2));
+  }
+  CHECK(std::is_sorted(ids.begin(), ids.end()));
+  CHECK(std::adjacent_find(ids.begin(), ids.end()) == ids.end());
+}
+
+TEST_CASE("bad submissions change nothing", "[jobs]") {
+  jobs_env env;
+  auto submit = [&](submit_request r) { return code_of(env.q->submit(std::move(r))); };
+  CHECK(submit({.job = env.job, .from = env.alice, .body = "1", .max_attempts = 0}) ==
+        errc::bad_request);
+  CHECK(submit({.job = env.job, .from = env.alice, .body = "1", .max_attempts = 101}) ==
+        errc::bad_request);
+  CHECK(submit({.job = env.job, .from = env.alice, .body = "{"}) == errc::bad_request);
+  CHECK(submit({.job = env.job, .from = env.alice, .body = R"(1,"from":"x")"}) ==
+        errc::bad_request);
+  CHECK(submit({.job = env.job, .from = env.alice, .body = "1", .type = "bad type"}) ==
+        errc::invalid_envelope);
+  CHECK(env.stored_messages() == 0);
+  CHECK(env.offers().empty());
+}
+
+TEST_CASE("a submission cut short after the publish is adopted, not lost", "[jobs]") {
+  jobs_env env;
+  env.t->set_fault([](std::string_view op, std::string_view key) -> std::optional<error> {
+    if (op == "kv_create" && key.find(".t_") != std::string_view::npos) {
+      return error(errc::unavailable, "injected: crash before the record");
+    }
+    return std::nullopt;
+  });
+  auto r = env.q->submit({.job = env.job, .from = env.alice, .body = R"({"a":1})"});
+  CHECK(code_of(r) == errc::unavailable);
+  env.t->set_fault({});
+
+  auto o = env.one_offer();  // the message is there: its record is made from it
+  CHECK(o.task.state == task_state::queued);
+  CHECK(o.task.submitted_by == "alice");
+  CHECK(o.task.max_attempts == 3);
+  CHECK(o.env.body == R"({"a":1})");
+  auto id = must(task_id::make(o.task.task));
+  must(env.q->claim(o, env.w1));
+  must(env.q->complete(id, env.w1, "1"));
+  CHECK(env.record(id).state == task_state::completed);
+}
+
+TEST_CASE("a keyed submission cut short is finished by its retry, once", "[jobs]") {
+  jobs_env env;
+  for (std::string step : {"publish", "kv_create"}) {
+    DYNAMIC_SECTION("cut after the idempotency key, at " << step) {
+      env.t->set_fault([step](std::string_view op, std::string_view key) -> std::optional<error> {
+        bool task_key = key.find(".t_") != std::string_view::npos;
+        if (op == step && (op == "publish" || task_key)) {
+          return error(errc::unavailable, "injected");
+        }
+        return std::nullopt;
+      });
+      submit_request req{
+          .job = env.job, .from = env.alice, .body = "7", .idempotency_key = "k-" + step};
+      CHECK(code_of(env.q->submit(req)) == errc::unavailable);
+      env.t->set_fault({});
+      auto retry = must(env.q->submit(req));
+      CHECK_FALSE(retry.created);
+      auto again = must(env.q->submit(req));
+      CHECK(again.task == retry.task);
+      CHECK(env.record(retry.task).state == task_state::queued);
+      auto offers = env.offers(5);
+      REQUIRE(offers.size() == 1);
+      CHECK(offers[0].task.task == retry.task.str());
+    }
+  }
+}
+
+TEST_CASE("an outcome committed but not acknowledged is acked on redelivery, not redone",
+          "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  env.t->set_fault([](std::string_view op, std::string_view) -> std::optional<error> {
+    if (op == "ack") return error(errc::unavailable, "injected: crash before the ack");
+    return std::nullopt;
+  });
+  must(env.q->complete(id, env.w1, "1"));
+  env.t->set_fault({});
+  CHECK(env.stored_messages() == 1);
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  CHECK(env.offers().empty());  // redelivered, recognised, acknowledged
+  CHECK(env.stored_messages() == 0);
+  CHECK(env.record(id).state == task_state::completed);
+  CHECK(env.notices().size() == 2);  // the notice again, under the same msg_id
+  CHECK(env.notices()[0].msg_id == env.notices()[1].msg_id);
+}
+
+TEST_CASE("a notice that cannot be sent keeps the message until it is", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  env.fail_notices = true;
+  must(env.q->complete(id, env.w1, "1"));
+  CHECK(env.stored_messages() == 1);
+  env.fail_notices = false;
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  CHECK(env.offers().empty());
+  CHECK(env.stored_messages() == 0);
+  CHECK(env.notices().size() == 1);
+}
+
+TEST_CASE("tasks are visible to their submitter, holders and admins only", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  CHECK(code_of(env.q->get(id, viewer{.who = env.alice})) == errc{});
+  CHECK(code_of(env.q->get(id, viewer{.who = env.w1})) == errc{});
+  CHECK(code_of(env.q->get(id, viewer{.who = env.w2})) == errc::not_found);
+  CHECK(code_of(env.q->get(id, viewer{.who = env.w2, .admin = true})) == errc{});
+  CHECK(code_of(env.q->history(id, viewer{.who = env.w2})) == errc::not_found);
+  auto missing = must(task_id::make("t_nothere"));
+  CHECK(code_of(env.q->get(missing, viewer{.who = env.alice, .admin = true})) == errc::not_found);
+}
+
+TEST_CASE("releasing a lease (bye) returns the task at once", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  auto r = must(env.q->release_lease(id, env.w1));
+  CHECK(r.state == task_state::queued);
+  CHECK(env.q->leases_of(env.w1).empty());
+  auto o = env.one_offer();
+  CHECK(o.attempt == 2);
+  CHECK(env.lost().empty());
+}
+
+}  // namespace
+}  // namespace amp::broker_testing
