@@ -18,18 +18,18 @@ namespace detail {
 
 worker_pool::worker_pool(std::size_t threads) {
   if (threads == 0) threads = 1;
-  for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { run(); });
+  for (std::size_t i = 0; i < threads; ++i) threads_.emplace_back([c = core_] { run(c); });
 }
 
 worker_pool::~worker_pool() {
   {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
+    std::lock_guard lock(core_->mu);
+    core_->stopping = true;
   }
-  cv_.notify_all();
+  core_->cv.notify_all();
   for (auto& t : threads_) {
     if (t.get_id() == std::this_thread::get_id()) {
-      t.detach();  // the last reference was dropped by a job of this very pool
+      t.detach();  // destroyed by one of its own jobs: this thread ends on its own
     } else {
       t.join();
     }
@@ -38,21 +38,21 @@ worker_pool::~worker_pool() {
 
 void worker_pool::post(std::function<void()> work) {
   {
-    std::lock_guard lock(mu_);
-    queue_.push_back(std::move(work));
+    std::lock_guard lock(core_->mu);
+    core_->queue.push_back(std::move(work));
   }
-  cv_.notify_one();
+  core_->cv.notify_one();
 }
 
-void worker_pool::run() {
+void worker_pool::run(const std::shared_ptr<core>& c) {
   while (true) {
     std::function<void()> work;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      work = std::move(queue_.front());
-      queue_.pop_front();
+      std::unique_lock lock(c->mu);
+      c->cv.wait(lock, [&] { return c->stopping || !c->queue.empty(); });
+      if (c->queue.empty()) return;
+      work = std::move(c->queue.front());
+      c->queue.pop_front();
     }
     work();
   }

@@ -21,7 +21,7 @@
 namespace amp::detail {
 
 // Threads that run posted work in order of posting. Destruction runs what is queued,
-// then joins.
+// then joins (a pool destroyed by one of its own jobs lets that thread finish alone).
 class worker_pool {
  public:
   explicit worker_pool(std::size_t threads);
@@ -32,12 +32,15 @@ class worker_pool {
   void post(std::function<void()> work);
 
  private:
-  void run();
+  struct core {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> queue;
+    bool stopping = false;
+  };
+  static void run(const std::shared_ptr<core>& c);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
+  std::shared_ptr<core> core_ = std::make_shared<core>();
   std::vector<std::thread> threads_;
 };
 
