@@ -8,6 +8,7 @@
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
+#include <deque>
 #include <future>
 #include <map>
 #include <mutex>
@@ -210,27 +211,44 @@ bool parse_number(std::string_view v, T& out) {
   return ec == std::errc() && p == v.data() + v.size();
 }
 
-// Fills the delivery fields of a message from its ack subject:
-// $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>, or the form with a
-// domain and account hash before the stream and a random token at the end.
-bool fill_from_ack_subject(message& m, std::string_view reply) {
-  if (reply.substr(0, k_ack_prefix.size()) != k_ack_prefix) return false;
+// The fields of an ack subject from the stream on: "$JS.ACK.<stream>.<consumer>.<delivered>.
+// <sseq>.<cseq>.<ns>.<pending>" (nats-server 2.9), or the form with a domain and an account hash
+// before the stream and a random token at the end.
+std::optional<std::vector<std::string_view>> ack_fields(std::string_view reply) {
+  if (reply.substr(0, k_ack_prefix.size()) != k_ack_prefix) return std::nullopt;
   auto t = split(reply.substr(k_ack_prefix.size()), '.');
-  std::size_t base = 0;
-  if (t.size() == 7) {
-    base = 0;
-  } else if (t.size() >= 9) {
-    base = 2;
-  } else {
-    return false;
-  }
+  if (t.size() == 7) return t;
+  if (t.size() >= 9) return std::vector<std::string_view>(t.begin() + 2, t.end());
+  return std::nullopt;
+}
+
+// "<stream>.<consumer>": what pulls are told apart by.
+std::string pull_key(std::string_view stream, std::string_view consumer) {
+  std::string key;
+  key.reserve(stream.size() + 1 + consumer.size());
+  key.append(stream).append(".").append(consumer);
+  return key;
+}
+
+// The pull key of the consumer that delivered a message, from its ack subject.
+std::optional<std::string> pull_key_of(std::string_view reply) {
+  auto t = ack_fields(reply);
+  if (!t) return std::nullopt;
+  return pull_key((*t)[0], (*t)[1]);
+}
+
+// Fills the delivery fields of a message from its ack subject.
+bool fill_from_ack_subject(message& m, std::string_view reply) {
+  auto t = ack_fields(reply);
+  if (!t) return false;
+  const auto& f = *t;
   std::int64_t ns = 0;
-  if (!parse_number(t[base + 2], m.delivery_count) || !parse_number(t[base + 3], m.seq) ||
-      !parse_number(t[base + 4], m.consumer_seq) || !parse_number(t[base + 5], ns)) {
+  if (!parse_number(f[2], m.delivery_count) || !parse_number(f[3], m.seq) ||
+      !parse_number(f[4], m.consumer_seq) || !parse_number(f[5], ns)) {
     return false;
   }
-  m.stream = std::string(t[base]);
-  m.consumer = std::string(t[base + 1]);
+  m.stream = std::string(f[0]);
+  m.consumer = std::string(f[1]);
   m.time = time_from_ns(ns);
   m.ack_token = std::string(reply);
   return true;
@@ -283,19 +301,7 @@ struct pending_request {
   std::function<bool(natsMsg*)> on_msg;
   std::function<void()> on_timeout;
   timer_id timer = 0;
-  std::shared_ptr<struct pull_inbox> inbox;  // pulls: their own inbox, else the shared one
-};
-
-class connection;
-
-// A reply subscription of its own, reused by one pull after another of one consumer. It
-// is also the closure of its cnats subscription.
-struct pull_inbox {
-  std::weak_ptr<connection> conn;
-  std::string key;  // "<stream>.<consumer>"
-  std::string subject;
-  natsSubscription* sub = nullptr;
-  std::uint64_t token = 0;  // the pull in flight; 0 when idle (guarded by connection::mu_)
+  std::string pull;  // pulls: the pull key of their consumer
 };
 
 class connection : public std::enable_shared_from_this<connection> {
@@ -320,7 +326,6 @@ class connection : public std::enable_shared_from_this<connection> {
         p->on_timeout();
       }
     }
-    for (auto& inbox : all_inboxes_) close_inbox(inbox.get());
     if (mux_sub_) {
       natsSubscription_Unsubscribe(mux_sub_);
       natsSubscription_Destroy(mux_sub_);
@@ -395,29 +400,25 @@ class connection : public std::enable_shared_from_this<connection> {
 
   // Sends one message expecting responses on a fresh reply subject. Returns an error when
   // it cannot be sent (then no callback runs).
-  // With a `pull_key` ("<stream>.<consumer>") the responses come to an inbox of their own:
-  // pulled messages keep their stream subject, so they cannot be told apart on the shared
-  // reply subscription. Inboxes are kept per consumer and reused.
+  // A pull names its `consumer` (its pull_key): its status messages come to its reply subject,
+  // but the messages it pulls keep their stream subject and are routed by the consumer named
+  // in their ack subject, to the one pull in flight for that consumer (the caller sends a
+  // consumer's pulls one at a time).
   result<void> send(const std::string& subject, std::string_view data, const header_list* headers,
                     time_point deadline, std::function<bool(natsMsg*)> on_msg,
-                    std::function<void()> on_timeout, const std::string* pull_key = nullptr) {
+                    std::function<void()> on_timeout, const std::string* consumer = nullptr) {
     auto p = std::make_shared<pending_request>();
     p->on_msg = std::move(on_msg);
     p->on_timeout = std::move(on_timeout);
     auto token = ++last_token_;
-    std::string reply;
-    if (pull_key) {
-      auto inbox = take_inbox(*pull_key);
-      if (!inbox) return inbox.error();
-      p->inbox = *inbox;
-      reply = p->inbox->subject;
-    } else {
-      reply = prefix_ + std::to_string(token);
-    }
+    std::string reply = fmt::format("{}{}{}", prefix_, consumer ? "p" : "", token);
     {
       std::lock_guard lock(mu_);
       pending_.emplace(token, p);
-      if (p->inbox) p->inbox->token = token;
+      if (consumer) {
+        p->pull = *consumer;
+        pulls_[p->pull] = token;
+      }
     }
     std::weak_ptr<connection> weak = weak_from_this();
     {
@@ -566,61 +567,6 @@ class connection : public std::enable_shared_from_this<connection> {
     natsMsg_Destroy(m);
   }
 
-  static void on_pulled(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
-    in_callback_scope scope;
-    auto* inbox = static_cast<pull_inbox*>(closure);
-    if (auto self = inbox->conn.lock()) {
-      std::uint64_t token = 0;
-      {
-        std::lock_guard lock(self->mu_);
-        token = inbox->token;
-      }
-      if (token != 0) {
-        self->deliver(token, m);
-      } else {
-        self->hand_back(m);
-      }
-    }
-    natsMsg_Destroy(m);
-  }
-
-  result<std::shared_ptr<pull_inbox>> take_inbox(const std::string& key) {
-    {
-      std::lock_guard lock(mu_);
-      auto& free = free_inboxes_[key];
-      if (!free.empty()) {
-        auto inbox = free.back();
-        free.pop_back();
-        return inbox;
-      }
-    }
-    auto inbox = std::make_shared<pull_inbox>();
-    inbox->conn = weak_from_this();
-    inbox->key = key;
-    inbox->subject = fmt::format("{}p.{}", prefix_, ++last_token_);
-    auto s = natsConnection_Subscribe(&inbox->sub, nc_, inbox->subject.c_str(),
-                                      &connection::on_pulled, inbox.get());
-    if (s != NATS_OK) return unexpected(status_error(s, 0, "subscribe for a pull"));
-    natsSubscription_SetPendingLimits(inbox->sub, -1, -1);
-    std::lock_guard lock(mu_);
-    all_inboxes_.push_back(inbox);
-    return inbox;
-  }
-
-  // Idle again: a message of the finished pull that arrives later is handed back.
-  void release_inbox(const std::shared_ptr<pull_inbox>& inbox) {
-    std::lock_guard lock(mu_);
-    inbox->token = 0;
-    free_inboxes_[inbox->key].push_back(inbox);
-  }
-
-  static void close_inbox(pull_inbox* inbox) {
-    if (!inbox->sub) return;
-    natsSubscription_Unsubscribe(inbox->sub);
-    natsSubscription_Destroy(inbox->sub);
-    inbox->sub = nullptr;
-  }
-
   // A message delivered to a pull that already ended: back to the stream at once.
   void hand_back(natsMsg* m) {
     const char* reply = natsMsg_GetReply(m);
@@ -629,12 +575,26 @@ class connection : public std::enable_shared_from_this<connection> {
     }
   }
 
+  // Answers and pull statuses come to "<prefix><token>" or "<prefix>p<token>"; pulled
+  // messages keep their stream subject and go to the pull in flight for their consumer.
   void dispatch(natsMsg* m) {
     std::string_view subject = natsMsg_GetSubject(m);
     std::uint64_t token = 0;
-    if (subject.size() <= prefix_.size() || !parse_number(subject.substr(prefix_.size()), token)) {
+    if (subject.size() > prefix_.size() && subject.substr(0, prefix_.size()) == prefix_) {
+      auto rest = subject.substr(prefix_.size());
+      if (rest.front() == 'p') rest.remove_prefix(1);
+      if (parse_number(rest, token)) deliver(token, m);
       return;
     }
+    const char* reply = natsMsg_GetReply(m);
+    auto key = reply ? pull_key_of(reply) : std::nullopt;
+    if (!key) return;
+    {
+      std::lock_guard lock(mu_);
+      auto it = pulls_.find(*key);
+      if (it != pulls_.end()) token = it->second;
+    }
+    if (token == 0) return hand_back(m);
     deliver(token, m);
   }
 
@@ -664,8 +624,8 @@ class connection : public std::enable_shared_from_this<connection> {
       if (it == pending_.end()) return;
       p = it->second;
       pending_.erase(it);
+      unlink_pull(*p, token);
     }
-    if (p->inbox) release_inbox(p->inbox);
     std::lock_guard plock(p->mu);
     if (p->finished) return;
     p->finished = true;
@@ -680,9 +640,17 @@ class connection : public std::enable_shared_from_this<connection> {
       if (it == pending_.end()) return;
       p = it->second;
       pending_.erase(it);
+      unlink_pull(*p, token);
     }
     clock_->cancel(p->timer);
-    if (p->inbox) release_inbox(p->inbox);
+  }
+
+  // With mu_ held. A message of the ended pull that arrives later is handed back, unless the
+  // consumer's next pull is in flight already.
+  void unlink_pull(const pending_request& p, std::uint64_t token) {
+    if (p.pull.empty()) return;
+    auto it = pulls_.find(p.pull);
+    if (it != pulls_.end() && it->second == token) pulls_.erase(it);
   }
 
   std::shared_ptr<amp::clock> clock_;
@@ -694,8 +662,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::atomic<std::uint64_t> last_token_{0};
   std::mutex mu_;
   std::unordered_map<std::uint64_t, std::shared_ptr<pending_request>> pending_;
-  std::unordered_map<std::string, std::vector<std::shared_ptr<pull_inbox>>> free_inboxes_;
-  std::vector<std::shared_ptr<pull_inbox>> all_inboxes_;
+  std::unordered_map<std::string, std::uint64_t> pulls_;  // pull key -> the pull in flight
 };
 
 // ----- configuration translation ------------------------------------------------------
@@ -1085,20 +1052,12 @@ class jetstream_backend final : public transport,
     auto f = std::make_shared<fetch_state>();
     f->stream = std::string(stream);
     f->durable = std::string(durable);
+    f->key = pull_key(stream, durable);
     f->batch = request.batch;
-    f->max_wait = request.max_wait;
+    f->max_wait = std::max(request.max_wait, duration::zero());
+    f->deadline = conn_->clock()->now() + f->max_wait;
     f->done = std::move(done);
-    if (auto known = known_consumer(f->stream, f->durable)) {
-      f->not_before = *known;
-      return pull(f, f->batch, std::nullopt);
-    }
-    // A pull on a missing consumer is never answered: check once before the first one.
-    auto self = shared_from_this();
-    check_consumer(f->stream, f->durable, [self, f](std::optional<error> e) {
-      if (e) return self->fail_fetch(f, std::move(*e));
-      f->not_before = self->known_consumer(f->stream, f->durable).value_or(time_point{});
-      self->pull(f, f->batch, std::nullopt);
-    });
+    if (enter_line(f)) start_fetch(f);
   }
 
   void async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
@@ -1140,8 +1099,11 @@ class jetstream_backend final : public transport,
     auto* st = new push_state{queue, {}};
     std::optional<time_point> not_before;
     if (request.start == deliver_policy::by_start_time) not_before = request.start_time;
-    st->handle = [queue, on_message = std::move(on_message), stream = request.stream,
-                  not_before](natsMsg* m) mutable {
+    // nats-server starts a replay from a sequence beyond the end at the end: skip up to it.
+    std::uint64_t first_seq =
+        request.start == deliver_policy::by_start_sequence ? request.start_seq : 0;
+    st->handle = [queue, on_message = std::move(on_message), stream = request.stream, not_before,
+                  first_seq](natsMsg* m) mutable {
       message out;
       out.stream = stream;
       out.subject = natsMsg_GetSubject(m);
@@ -1157,6 +1119,7 @@ class jetstream_backend final : public transport,
         if (out.time < *not_before) return;
         not_before.reset();  // in stream order from here on
       }
+      if (out.seq < first_seq) return;
       queue->push([on_message, out = std::move(out)] { on_message(out); });
     };
     jsSubOptions so;
@@ -1437,11 +1400,21 @@ class jetstream_backend final : public transport,
   struct fetch_state {
     std::string stream;
     std::string durable;
+    std::string key;  // pull_key(stream, durable)
     std::size_t batch = 1;
     duration max_wait{};
+    time_point deadline{};    // when max_wait runs out, counted from the call
     time_point not_before{};  // by-time consumers: older messages are skipped (acked)
     std::vector<message> got;
     completion<std::vector<message>> done;
+    timer_id queue_timer = 0;  // while queued (guarded by lines_mu_)
+  };
+
+  // The fetches of one consumer take turns, so that it has one pull in flight at a time
+  // (pulled messages are routed by consumer). The first is being served; the others wait.
+  struct fetch_line {
+    bool waiting = false;  // the fetch being served is in a waiting pull
+    std::deque<std::shared_ptr<fetch_state>> queued;
   };
 
   // ----- helpers ----------------------------------------------------------------------
@@ -1673,7 +1646,7 @@ class jetstream_backend final : public transport,
     auto deadline = conn_->deadline() + (expires ? *expires : duration::zero());
     auto self = shared_from_this();
     auto received = std::make_shared<std::size_t>(0);
-    const std::string key = f->stream + "." + f->durable;
+    set_waiting(f, expires.has_value());
     auto sent = conn_->send(
         fmt::format("$JS.API.CONSUMER.MSG.NEXT.{}.{}", f->stream, f->durable), body, nullptr,
         deadline,
@@ -1713,12 +1686,13 @@ class jetstream_backend final : public transport,
           }
           self->after_pull(f, n, expires, *received);
         },
-        &key);
+        &f->key);
     if (!sent) fail_fetch(f, std::move(sent).error());
   }
 
   void after_pull(const std::shared_ptr<fetch_state>& f, std::size_t,
                   std::optional<duration> expires, std::size_t received) {
+    if (received == 0) answer_overdue(f);
     if (!expires) {
       if (!f->got.empty() || f->max_wait <= duration::zero()) return finish_fetch(f);
       if (f->got.size() >= f->batch) return finish_fetch(f);
@@ -1785,7 +1759,9 @@ class jetstream_backend final : public transport,
 
   void finish_fetch(const std::shared_ptr<fetch_state>& f) {
     auto done = std::move(f->done);
-    if (done) done(std::move(f->got));
+    if (!done) return;
+    leave_line(f);
+    done(std::move(f->got));
   }
 
   void fail_fetch(const std::shared_ptr<fetch_state>& f, error e) {
@@ -1794,7 +1770,145 @@ class jetstream_backend final : public transport,
     for (const auto& m : f->got) conn_->publish_raw(m.ack_token, nullptr, "-NAK", nullptr);
     f->got.clear();
     auto done = std::move(f->done);
-    if (done) done(std::move(e));
+    if (!done) return;
+    leave_line(f);
+    done(std::move(e));
+  }
+
+  // ----- fetches taking turns on a consumer -------------------------------------------
+
+  // Whether `f` may start now; otherwise it waits behind the fetches of its consumer.
+  bool enter_line(const std::shared_ptr<fetch_state>& f) {
+    std::lock_guard lock(lines_mu_);
+    auto [line, first] = lines_.try_emplace(f->key);
+    if (first) return true;
+    line->second.queued.push_back(f);
+    arm_queue_timer(f, f->deadline, false);
+    return false;
+  }
+
+  // With lines_mu_ held.
+  void arm_queue_timer(const std::shared_ptr<fetch_state>& f, time_point at, bool last) {
+    std::weak_ptr<jetstream_backend> weak = weak_from_this();
+    f->queue_timer = conn_->clock()->call_at(at, [weak, f, last] {
+      if (auto self = weak.lock()) return self->queued_fetch_due(f, last);
+      auto done = std::move(f->done);
+      if (done) done(error(errc::unavailable, "transport closed"));
+    });
+  }
+
+  // A queued fetch's max_wait has passed (`last`: and op_timeout after it). If the fetch
+  // ahead waits for a message, there is none for this one either: it answers empty. If
+  // the one ahead is in a pull that answers at once, this one waits for its outcome (see
+  // answer_overdue) or its own turn, then takes what is there without waiting, but waits
+  // no longer than op_timeout.
+  void queued_fetch_due(const std::shared_ptr<fetch_state>& f, bool last) {
+    {
+      std::lock_guard lock(lines_mu_);
+      auto line = lines_.find(f->key);
+      if (line == lines_.end()) return;
+      auto& queued = line->second.queued;
+      auto it = std::find(queued.begin(), queued.end(), f);
+      if (it == queued.end()) return;  // started meanwhile
+      if (!last && !line->second.waiting) {
+        arm_queue_timer(f, f->deadline + conn_->op_timeout(), true);
+        return;
+      }
+      queued.erase(it);
+    }
+    answer_queued(f);
+  }
+
+  // Completes a fetch that never started: nothing was available for it.
+  static void answer_queued(const std::shared_ptr<fetch_state>& f) {
+    auto done = std::move(f->done);
+    if (done) done(std::vector<message>{});
+  }
+
+  // Records whether the fetch being served is in a waiting pull.
+  void set_waiting(const std::shared_ptr<fetch_state>& f, bool waiting) {
+    std::lock_guard lock(lines_mu_);
+    auto line = lines_.find(f->key);
+    if (line != lines_.end()) line->second.waiting = waiting;
+  }
+
+  // A pull of `f` found nothing: the queued fetches whose max_wait has passed answer empty.
+  void answer_overdue(const std::shared_ptr<fetch_state>& f) {
+    std::vector<std::shared_ptr<fetch_state>> overdue;
+    {
+      std::lock_guard lock(lines_mu_);
+      auto line = lines_.find(f->key);
+      if (line == lines_.end()) return;
+      auto now = conn_->clock()->now();
+      auto& queued = line->second.queued;
+      for (auto it = queued.begin(); it != queued.end();) {
+        if ((*it)->deadline <= now) {
+          conn_->clock()->cancel((*it)->queue_timer);
+          overdue.push_back(std::move(*it));
+          it = queued.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const auto& q : overdue) answer_queued(q);
+  }
+
+  // `f` is done: the next queued fetch of its consumer starts.
+  void leave_line(const std::shared_ptr<fetch_state>& f) {
+    std::shared_ptr<fetch_state> next;
+    {
+      std::lock_guard lock(lines_mu_);
+      auto line = lines_.find(f->key);
+      if (line == lines_.end()) return;
+      line->second.waiting = false;
+      if (line->second.queued.empty()) {
+        lines_.erase(line);
+        return;
+      }
+      next = std::move(line->second.queued.front());
+      line->second.queued.pop_front();
+      conn_->clock()->cancel(next->queue_timer);
+    }
+    // With what is left of its max_wait (none left: it takes what is there, at once).
+    auto left = next->deadline - conn_->clock()->now();
+    next->max_wait = left >= 1ms ? left : duration::zero();
+    // Started from the outermost call on this thread: a fetch that fails at once (the
+    // connection is down) would otherwise start the next one from within, and so on.
+    using start_list =
+        std::deque<std::pair<std::shared_ptr<jetstream_backend>, std::shared_ptr<fetch_state>>>;
+    thread_local start_list* starting = nullptr;
+    if (starting) {
+      starting->emplace_back(shared_from_this(), std::move(next));
+      return;
+    }
+    start_list todo;
+    todo.emplace_back(shared_from_this(), std::move(next));
+    struct outermost {
+      explicit outermost(start_list* list) { starting = list; }
+      ~outermost() { starting = nullptr; }
+      outermost(const outermost&) = delete;
+      outermost& operator=(const outermost&) = delete;
+    } scope(&todo);
+    while (!todo.empty()) {
+      auto [backend, g] = std::move(todo.front());
+      todo.pop_front();
+      backend->start_fetch(g);
+    }
+  }
+
+  void start_fetch(const std::shared_ptr<fetch_state>& f) {
+    if (auto known = known_consumer(f->stream, f->durable)) {
+      f->not_before = *known;
+      return pull(f, f->batch, std::nullopt);
+    }
+    // A pull on a missing consumer is never answered: check once before the first one.
+    auto self = shared_from_this();
+    check_consumer(f->stream, f->durable, [self, f](std::optional<error> e) {
+      if (e) return self->fail_fetch(f, std::move(*e));
+      f->not_before = self->known_consumer(f->stream, f->durable).value_or(time_point{});
+      self->pull(f, f->batch, std::nullopt);
+    });
   }
 
   result<std::unique_ptr<subscription>> subscribe_push(const std::string& filter, jsSubOptions& so,
@@ -1992,6 +2106,8 @@ class jetstream_backend final : public transport,
   std::set<std::string> direct_buckets_;
   std::mutex known_mu_;
   std::map<std::string, time_point> known_;  // "<stream>.<consumer>" seen to exist
+  std::mutex lines_mu_;
+  std::unordered_map<std::string, fetch_line> lines_;  // consumers with a fetch being served
 };
 
 }  // namespace

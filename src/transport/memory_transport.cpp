@@ -68,6 +68,8 @@ struct fetch_waiter {
 
 struct ordered_sub {
   std::string filter;
+  std::uint64_t first_seq = 1;  // a start beyond the end: live messages before it are skipped
+  time_point not_before{};      // a start time in the future: the same for earlier messages
   std::shared_ptr<serial_queue> queue;
   std::function<void(const message&)> on_message;
 };
@@ -362,6 +364,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     expire_messages(*s);
     auto from =
         start_sequence(*s, sub->filter, request.start, request.start_seq, request.start_time);
+    sub->first_seq = from;
+    if (request.start == deliver_policy::by_start_time) sub->not_before = request.start_time;
     for (auto it = s->msgs.lower_bound(from); it != s->msgs.end(); ++it) {
       if (subjects::subject_matches(sub->filter, it->second.msg.subject)) {
         push_message(*sub, it->second.msg);
@@ -700,7 +704,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       const auto& stored_msg = s->msgs.at(seq).msg;
       std::erase_if(s->subs, [](const auto& x) { return x->queue->stopped(); });
       for (auto& sub : s->subs) {
-        if (subjects::subject_matches(sub->filter, subject)) {
+        if (subjects::subject_matches(sub->filter, subject) && seq >= sub->first_seq &&
+            stored_msg.time >= sub->not_before) {
           push_message(*sub, stored_msg);
           after.drain(sub->queue);
         }

@@ -5,15 +5,18 @@
 /// cnats. Works with nats-server 2.9 and later, single servers and clusters.
 ///
 /// Threads. Data operations are asynchronous requests multiplexed over one connection:
-/// their handlers, and the callbacks of subscriptions and watches, run on cnats delivery
-/// threads, one per cnats subscription (the shared reply subscription, the pull inboxes
-/// kept per consumer in use, each replay and watch), never on the caller's thread, except
-/// that a request
-/// refused before it is sent (a bad name, a connection that is down) completes at once on
-/// the calling thread. Timeouts are enforced on the transport clock's timer thread. A
-/// handler must not call a blocking wrapper (`publish`, `fetch`, `kv_get` ...) of the same
-/// transport: its answer would be delivered on the very thread that waits for it.
-/// Administrative operations block the calling thread for at most `op_timeout`.
+/// every answer and every pulled message, for however many consumers are being fetched
+/// from, arrives on the connection's one reply subscription, and their handlers run on its
+/// single cnats delivery thread. Each replay and watch has a cnats delivery thread of its
+/// own for its callbacks. The thread count thus grows with the replays and watches open,
+/// never with the fetches or the consumers. No handler runs on the caller's thread, except
+/// that a request refused before it is sent (a bad name, a connection that is down)
+/// completes at once on the calling thread. Timeouts are enforced on the transport clock's
+/// timer thread, where a fetch that ends by its `max_wait` may complete too. A slow handler
+/// delays every other answer of the transport. A handler must not call a blocking wrapper
+/// (`publish`, `fetch`, `kv_get` ...) of the same transport: its answer would be delivered
+/// on the very thread that waits for it. Administrative operations block the calling
+/// thread for at most `op_timeout`.
 ///
 /// Outages. cnats reconnects on its own, forever. While the server cannot be reached,
 /// every operation answers `unavailable` within `op_timeout`; a request that was sent
@@ -25,6 +28,12 @@
 /// Fetch. A fetch without `max_wait` answers within about 100 ms, not at once: nats-server
 /// 2.9 would keep a no-wait pull that max_ack_pending holds back open for ever, so such
 /// pulls carry a 100 ms expiry, which the server also waits out when nothing is there.
+/// Fetches on one consumer through one transport take turns, first come first served
+/// (pulled messages are told apart by their consumer): a fetch made while another on the
+/// same consumer is being served waits for it, then pulls with what is left of its
+/// `max_wait`, or takes what is there at once if nothing is left. It answers empty once its
+/// `max_wait` has passed and the fetch ahead found nothing or waits for a message (there is
+/// none for either), and it never waits for its turn longer than `max_wait` + `op_timeout`.
 ///
 /// Known limits of nats-server 2.9.10 (the Debian package): on a replicated (R3) bucket,
 /// two concurrent updates on one revision can both succeed (nats-server issue 4320, fixed in

@@ -143,6 +143,42 @@ TEST_CASE("replay from a start sequence includes that sequence", "[replay]") {
   CHECK(log.seqs() == seq_range(3, 6));
 }
 
+TEST_CASE("replay from a start sequence beyond the end waits for that sequence", "[replay]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "rbeyond");
+  auto s = create_stream(t, sc);
+  for (int i = 0; i < 3; ++i) publish_ok(t, subject_in(sc, "a"));
+  replay_log log;
+  auto sub = replay(
+      t, {.stream = sc.name, .start = deliver_policy::by_start_sequence, .start_seq = 6}, log);
+  for (int i = 0; i < 4; ++i) publish_ok(t, subject_in(sc, "a"));  // 4..7
+  REQUIRE(log.wait_for(2));
+  sub->stop();
+  CHECK(log.seqs() == seq_range(6, 7));
+}
+
+TEST_CASE("replay from a start time in the future skips what is stored before it",
+          "[replay][time]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "rfuture");
+  auto s = create_stream(t, sc);
+  publish_ok(t, subject_in(sc, "a"));  // 1
+  replay_log log;
+  auto sub = replay(t,
+                    {.stream = sc.name,
+                     .start = deliver_policy::by_start_time,
+                     .start_time = t.clock()->now() + 1s},
+                    log);
+  publish_ok(t, subject_in(sc, "a"));  // 2: before the start time
+  fx->advance(1s);
+  publish_ok(t, subject_in(sc, "a"));  // 3
+  REQUIRE(log.wait_for(1));
+  sub->stop();
+  CHECK(log.seqs() == seq_range(3, 3));
+}
+
 TEST_CASE("replay from a start time begins with the first message stored at or after it",
           "[replay][time]") {
   auto fx = make_fixture();
