@@ -205,6 +205,13 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
   return out;
 }
 
+bool has_wildcard(std::string_view filter) {
+  for (auto token : split(filter, '.')) {
+    if (token == "*" || token == ">") return true;
+  }
+  return false;
+}
+
 template <class T>
 bool parse_number(std::string_view v, T& out) {
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
@@ -1000,7 +1007,7 @@ class jetstream_backend final : public transport,
       return existing;
     }
     if (existing.error().code() != errc::not_found) return existing.error();
-    if (auto r = check_fits(config); !r) return r.error();
+    if (auto r = check_fits(config, true); !r) return r.error();
     return write_consumer(config, false);
   }
 
@@ -1015,7 +1022,7 @@ class jetstream_backend final : public transport,
           errc::conflict,
           fmt::format("consumer \"{}\": the start position cannot be changed", config.durable));
     }
-    if (auto r = check_fits(config); !r) return r.error();
+    if (auto r = check_fits(config, false); !r) return r.error();
     return write_consumer(config, true);
   }
 
@@ -1469,12 +1476,17 @@ class jetstream_backend final : public transport,
   // The rules JetStream enforces only in part: the filter must lie in the stream, a
   // work-queue consumer delivers everything, and work-queue filters never overlap
   // (nats-server 2.9 accepts an overlapping update, and some overlapping creates).
-  result<void> check_fits(const consumer_config& c) {
+  //
+  // Creating a consumer whose filter is one concrete subject needs no listing: the server
+  // refuses it when an existing filter matches it (and so scales to thousands of
+  // per-participant consumers). Wildcard filters and updates are checked here.
+  result<void> check_fits(const consumer_config& c, bool create) {
     auto info = stream_info_of(c.stream);
     if (!info) return info.error();
     if (auto r = detail::check_consumer_fits(info->config, c); !r) return r;
     if (info->config.retention != retention_policy::work_queue) return {};
     auto filter = detail::filter_or_all(c.filter_subject);
+    if (create && !c.filter_subject.empty() && !has_wildcard(c.filter_subject)) return {};
     jsConsumerInfoList* list = nullptr;
     auto r = with_retry("consumers of stream " + c.stream, [&](jsErrCode& ec) {
       return js_Consumers(&list, conn_->js(), c.stream.c_str(), nullptr, &ec);

@@ -235,6 +235,9 @@ TEST_CASE("on a work-queue stream, consumers with overlapping filters conflict",
   }
   CHECK(state_of(t, sc.name).consumers == 4);
   CHECK(info_of(t, first).config == first);
+  // A concrete filter already taken by another consumer.
+  CHECK(code_of(t.ensure_consumer(consumer_cfg(*fx, sc, subject_in(sc, "a")))) == errc::conflict);
+  CHECK(state_of(t, sc.name).consumers == 4);
 }
 
 TEST_CASE("on a work-queue stream, an unfiltered consumer overlaps every other",
