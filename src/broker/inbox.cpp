@@ -1,0 +1,570 @@
+#include "amp/broker/inbox.hpp"
+
+#include <algorithm>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "amp/json.hpp"
+#include "amp/subjects.hpp"
+#include "broker/common.hpp"
+
+namespace amp {
+namespace detail {
+
+namespace {
+
+// How long a waiting fetch waits before it is re-issued.
+constexpr duration k_fetch_wait = std::chrono::seconds(5);
+// Backoff between fetches that fail (backend unavailable, consumer missing).
+constexpr duration k_min_backoff = std::chrono::milliseconds(100);
+constexpr duration k_max_backoff = std::chrono::seconds(5);
+
+void ignore(result<void>) {}
+
+}  // namespace
+
+// What an `inbox` object and its mailboxes share, and never change.
+struct inbox_settings {
+  namespace_name ns;
+  std::string stream;
+  stream_config stream_settings;
+  duration ack_wait;
+  std::size_t window;
+};
+
+// The state of one `inbox` object. Readers keep it (and so the transport) alive.
+struct inbox_core {
+  std::shared_ptr<transport> backend;
+  std::shared_ptr<const inbox_settings> settings;
+  std::shared_ptr<worker_pool> pool;
+  executor run;
+
+  std::mutex mu;
+  std::unordered_map<std::string, std::weak_ptr<inbox_mailbox>> mailboxes;
+};
+
+// The delivery loop of one participant in one `inbox` object, shared by its readers.
+//
+// It lives while a reader or an outstanding fetch holds it: a reader attaching while a
+// fetch is out joins the same loop, so a consumer never has two fetches from one inbox.
+// It refers to the transport and the core weakly: a fetch the transport holds must not
+// keep the transport alive (a memory transport's waiting fetch never ends by itself).
+class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
+ public:
+  inbox_mailbox(const std::shared_ptr<inbox_core>& core, participant_name who)
+      : core_(core),
+        backend_(core->backend),
+        clock_(core->backend->clock()),
+        settings_(core->settings),
+        run_(core->run),
+        who_(std::move(who)),
+        consumer_(subjects::inbox_consumer(who_)),
+        filter_(subjects::inbox_subject(settings_->ns, who_)) {}
+
+  ~inbox_mailbox() {
+    auto core = core_.lock();
+    if (!core) return;
+    std::lock_guard lock(core->mu);
+    auto it = core->mailboxes.find(who_.str());
+    if (it != core->mailboxes.end() && it->second.expired()) core->mailboxes.erase(it);
+  }
+
+  inbox_mailbox(const inbox_mailbox&) = delete;
+  inbox_mailbox& operator=(const inbox_mailbox&) = delete;
+
+  const participant_name& participant() const noexcept { return who_; }
+
+  // Creates the consumer unless this mailbox has already done so (blocks).
+  result<void> ensure_consumer() {
+    auto backend = backend_.lock();
+    if (!backend) return unexpected(errc::unavailable, "the transport is closed");
+    std::lock_guard lock(ensure_mu_);
+    if (ensured_) return {};
+    consumer_config config{.stream = settings_->stream,
+                           .durable = consumer_,
+                           .filter_subject = filter_,
+                           .ack_wait = settings_->ack_wait,
+                           .max_ack_pending = static_cast<std::int64_t>(settings_->window),
+                           .max_deliver = -1,
+                           .deliver = deliver_policy::all};
+    auto r = backend->ensure_consumer(config);
+    if (!r && r.error().code() == errc::conflict) {
+      // Made by a configuration with another AckWait or window: this one applies now.
+      auto u = backend->update_consumer(config);
+      if (!u) return u.error();
+    } else if (!r) {
+      return r.error();
+    }
+    ensured_ = true;
+    return {};
+  }
+
+  std::uint64_t add_reader(std::function<void(const inbox_message&)> fn) {
+    std::lock_guard lock(mu_);
+    auto slot = std::make_shared<reader_slot>();
+    slot->id = ++last_reader_;
+    slot->fn = std::move(fn);
+    readers_.push_back(std::move(slot));
+    return last_reader_;
+  }
+
+  // Detaches a reader; the last one hands back what is in flight.
+  void remove_reader(std::uint64_t id) {
+    std::vector<message> released;
+    {
+      std::unique_lock lock(mu_);
+      auto it = std::find_if(readers_.begin(), readers_.end(),
+                             [id](const auto& r) { return r->id == id; });
+      if (it == readers_.end()) return;
+      (*it)->stopped = true;
+      readers_.erase(it);
+      if (delivering_to_ == id && delivering_on_ != std::this_thread::get_id()) {
+        delivered_.wait(lock, [&] { return delivering_to_ != id; });
+      }
+      if (!readers_.empty()) return;
+      cancel_timer();
+      backing_off_ = false;
+      for (auto& [seq, f] : in_flight_) released.push_back(std::move(f.msg));
+      in_flight_.clear();
+    }
+    settle_all(released, ack_kind::nak);
+  }
+
+  struct flight {
+    message msg;
+    time_point deadline;  // when the consumer may redeliver it
+  };
+
+  // Takes `seq` out of flight for an ack or nack by reader `id`.
+  result<flight> take(std::uint64_t id, std::uint64_t seq) {
+    std::lock_guard lock(mu_);
+    if (std::none_of(readers_.begin(), readers_.end(),
+                     [id](const auto& r) { return r->id == id; })) {
+      return unexpected(errc::not_found, "the inbox reader is stopped");
+    }
+    auto it = in_flight_.find(seq);
+    if (it == in_flight_.end()) {
+      return unexpected(errc::not_found, fmt::format("message {} is not in flight to \"{}\" "
+                                                     "(unknown, already acked or nacked)",
+                                                     seq, who_.str()));
+    }
+    auto f = std::move(it->second);
+    in_flight_.erase(it);
+    return f;
+  }
+
+  // Acks or naks what `take` returned; kicks the loop (a place in the window is free).
+  void settle(flight f, ack_kind kind, duration delay, completion<void> done) {
+    auto backend = backend_.lock();
+    if (!backend) {
+      if (done) done(error(errc::unavailable, "the transport is closed"));
+      return;
+    }
+    auto msg = f.msg;
+    backend->async_acknowledge(msg, kind, delay,
+                               [self = shared_from_this(), f = std::move(f),
+                                done = std::move(done)](result<void> r) mutable {
+                                 if (!r) self->restore(std::move(f));
+                                 if (done) done(std::move(r));
+                               });
+    kick();
+  }
+
+  // Starts a fetch if the loop is idle, has readers and room in the window; otherwise
+  // makes sure something starts one later. A call made while another runs (a fetch that
+  // completes on the calling thread, or another thread) is folded into that one, so the
+  // stack stays flat and no request to look again is lost.
+  void kick() {
+    std::unique_lock lock(mu_);
+    if (kicking_) {
+      rekick_ = true;
+      return;
+    }
+    kicking_ = true;
+    do {
+      rekick_ = false;
+      if (fetching_ || backing_off_ || readers_.empty()) continue;
+      auto backend = backend_.lock();
+      if (!backend) break;
+      auto now = clock_->now();
+      std::size_t live = 0;
+      auto next_due = time_point::max();
+      for (const auto& [seq, f] : in_flight_) {
+        if (f.deadline > now) {
+          ++live;
+          next_due = std::min(next_due, f.deadline);
+        }
+      }
+      if (live >= settings_->window) {
+        // Full: wait for an ack or nack, or for the first message to fall due.
+        if (!timer_ || timer_at_ != next_due) arm_timer(next_due, false);
+        continue;
+      }
+      cancel_timer();
+      fetching_ = true;
+      lock.unlock();
+      backend->async_fetch(
+          settings_->stream, consumer_,
+          fetch_request{.batch = settings_->window - live, .max_wait = k_fetch_wait},
+          [self = shared_from_this()](result<std::vector<message>> r) {
+            self->on_fetched(std::move(r));
+          });
+      backend.reset();
+      lock.lock();
+    } while (rekick_);
+    kicking_ = false;
+  }
+
+ private:
+  struct reader_slot {
+    std::uint64_t id = 0;
+    std::function<void(const inbox_message&)> fn;
+    bool stopped = false;  // guarded by the mailbox's mu_
+  };
+
+  // Puts back what the backend did not settle, unless it moved on meanwhile.
+  void restore(flight f) {
+    std::lock_guard lock(mu_);
+    if (readers_.empty()) return;
+    in_flight_.try_emplace(f.msg.seq, std::move(f));
+  }
+
+  void settle_all(const std::vector<message>& msgs, ack_kind kind) {
+    if (msgs.empty()) return;
+    auto backend = backend_.lock();
+    if (!backend) return;
+    for (const auto& m : msgs) backend->async_acknowledge(m, kind, duration::zero(), ignore);
+  }
+
+  void on_fetched(result<std::vector<message>> r) {
+    if (!r) return on_fetch_error(std::move(r).error());
+    std::vector<message> kept, bad;
+    std::vector<inbox_message> batch;
+    for (auto& m : *r) {
+      auto env = parse_envelope(m.data);
+      if (!env) {
+        bad.push_back(std::move(m));
+        continue;
+      }
+      batch.push_back(inbox_message{.seq = m.seq, .delivery = m.delivery_count, .env = *env});
+      kept.push_back(std::move(m));
+    }
+    // Not an envelope (not sent through an inbox): it can never be delivered.
+    settle_all(bad, ack_kind::term);
+    std::unique_lock lock(mu_);
+    backoff_ = duration::zero();
+    if (readers_.empty()) {
+      fetching_ = false;
+      lock.unlock();
+      settle_all(kept, ack_kind::nak);
+      kick();  // a reader may have attached in the meantime
+      return;
+    }
+    auto deadline = clock_->now() + settings_->ack_wait;
+    for (auto& m : kept) {
+      auto seq = m.seq;
+      in_flight_.insert_or_assign(seq, flight{.msg = std::move(m), .deadline = deadline});
+    }
+    deliver(lock, batch);
+    fetching_ = false;
+    lock.unlock();
+    kick();
+  }
+
+  // Hands each message to every reader attached now, one call at a time, unlocked; a
+  // message settled or handed back meanwhile goes no further.
+  void deliver(std::unique_lock<std::mutex>& lock, const std::vector<inbox_message>& batch) {
+    for (const auto& m : batch) {
+      auto readers = readers_;
+      for (const auto& slot : readers) {
+        auto it = in_flight_.find(m.seq);
+        if (it == in_flight_.end() || it->second.msg.delivery_count != m.delivery) break;
+        if (slot->stopped) continue;
+        delivering_to_ = slot->id;
+        delivering_on_ = std::this_thread::get_id();
+        lock.unlock();
+        try {
+          slot->fn(m);
+        } catch (...) {  // NOLINT(bugprone-empty-catch): a callback cannot stop the loop
+        }
+        lock.lock();
+        delivering_to_ = 0;
+        delivered_.notify_all();
+      }
+    }
+  }
+
+  void on_fetch_error(const error& e) {
+    std::unique_lock lock(mu_);
+    fetching_ = false;
+    if (readers_.empty()) return;
+    backoff_ = backoff_ == duration::zero() ? k_min_backoff : std::min(backoff_ * 2, k_max_backoff);
+    backing_off_ = true;
+    if (e.code() != errc::not_found) {
+      arm_timer(clock_->now() + backoff_, true);
+      return;
+    }
+    // The consumer (or the stream) was deleted: make it again, off the transport thread.
+    lock.unlock();
+    {
+      std::lock_guard ensure(ensure_mu_);
+      ensured_ = false;
+    }
+    std::weak_ptr<inbox_mailbox> weak = weak_from_this();
+    run_([weak] {
+      if (auto self = weak.lock()) self->recreate();
+    });
+  }
+
+  // Runs on the executor: makes the stream and the consumer again, then carries on.
+  void recreate() {
+    auto backend = backend_.lock();
+    if (!backend) return;
+    auto r = backend->ensure_stream(settings_->stream_settings);
+    backend.reset();
+    auto c = r ? ensure_consumer() : result<void>(r.error());
+    {
+      std::lock_guard lock(mu_);
+      if (readers_.empty()) return;
+      if (!c) {
+        arm_timer(clock_->now() + backoff_, true);
+        return;
+      }
+      backing_off_ = false;
+    }
+    kick();
+  }
+
+  // Called with mu_ held.
+  void arm_timer(time_point at, bool backoff) {
+    cancel_timer();
+    auto gen = timer_gen_;
+    std::weak_ptr<inbox_mailbox> weak = weak_from_this();
+    timer_at_ = at;
+    timer_ = clock_->call_at(at, [weak, gen, backoff] {
+      auto self = weak.lock();
+      if (!self) return;
+      {
+        std::lock_guard lock(self->mu_);
+        if (gen != self->timer_gen_) return;
+        self->timer_ = 0;
+        ++self->timer_gen_;
+        if (backoff) self->backing_off_ = false;
+      }
+      self->kick();
+    });
+  }
+
+  // Called with mu_ held.
+  void cancel_timer() {
+    if (timer_) clock_->cancel(timer_);
+    timer_ = 0;
+    ++timer_gen_;
+  }
+
+  std::weak_ptr<inbox_core> core_;
+  std::weak_ptr<transport> backend_;
+  std::shared_ptr<amp::clock> clock_;
+  std::shared_ptr<const inbox_settings> settings_;
+  executor run_;
+  participant_name who_;
+  std::string consumer_;
+  std::string filter_;
+
+  std::mutex ensure_mu_;
+  bool ensured_ = false;  // guarded by ensure_mu_
+
+  std::mutex mu_;
+  std::condition_variable delivered_;
+  std::vector<std::shared_ptr<reader_slot>> readers_;
+  std::uint64_t last_reader_ = 0;
+  std::map<std::uint64_t, flight> in_flight_;  // by stream sequence
+  bool fetching_ = false;  // a fetch is out, or its messages are being delivered
+  bool kicking_ = false;
+  bool rekick_ = false;
+  bool backing_off_ = false;
+  duration backoff_ = duration::zero();
+  timer_id timer_ = 0;
+  time_point timer_at_{};
+  std::uint64_t timer_gen_ = 0;      // a timer callback of an older generation does nothing
+  std::uint64_t delivering_to_ = 0;  // the reader whose callback runs now; 0: none
+  std::thread::id delivering_on_{};
+};
+
+namespace {
+
+std::shared_ptr<inbox_mailbox> mailbox_for(const std::shared_ptr<inbox_core>& core,
+                                           const participant_name& who) {
+  std::lock_guard lock(core->mu);
+  auto& weak = core->mailboxes[who.str()];
+  if (auto existing = weak.lock()) return existing;
+  auto made = std::make_shared<inbox_mailbox>(core, who);
+  weak = made;
+  return made;
+}
+
+// The message to publish for `msg`, checked in the spec's order.
+struct prepared {
+  outgoing_message out;
+  std::string id;
+};
+
+result<prepared> prepare(inbox_send msg, const inbox_core& core) {
+  if (msg.body.empty()) return unexpected(errc::bad_request, "body is missing");
+  if (auto r = json_check(msg.body); !r) {
+    return unexpected(errc::bad_request, "body: " + r.error().message());
+  }
+  if (msg.from != broker_sender) {
+    if (auto r = participant_name::make(msg.from); !r) {
+      return unexpected(errc::invalid_name, "from: " + r.error().message());
+    }
+  }
+  if (!msg.reply_to.empty()) {
+    if (auto r = participant_name::make(msg.reply_to); !r) {
+      return unexpected(errc::invalid_name, "reply_to: " + r.error().message());
+    }
+  }
+  const auto& ns = core.settings->ns;
+  auto subject = subjects::inbox_subject(ns, msg.to);
+  auto to = msg.to.str();
+  auto env = seal_envelope(envelope_parts{.from = std::move(msg.from),
+                                          .to = to,
+                                          .body = std::move(msg.body),
+                                          .type = std::move(msg.type),
+                                          .headers = std::move(msg.headers),
+                                          .msg_id = std::move(msg.msg_id),
+                                          .reply_to = std::move(msg.reply_to),
+                                          .correlation = std::move(msg.correlation)},
+                           ns.view(), core.backend->clock()->now());
+  if (!env) return env.error();
+  prepared p;
+  p.id = env->id;
+  p.out.subject = std::move(subject);
+  p.out.msg_id = dedup_id(env->from, to, env->id);
+  p.out.data = to_json(*env);
+  return p;
+}
+
+}  // namespace
+}  // namespace detail
+
+// ----- inbox_reader -------------------------------------------------------------------
+
+inbox_reader::inbox_reader(std::shared_ptr<detail::inbox_core> core,
+                           std::shared_ptr<detail::inbox_mailbox> mailbox, std::uint64_t id)
+    : core_(std::move(core)), mailbox_(std::move(mailbox)), id_(id) {}
+
+inbox_reader::~inbox_reader() {
+  stop();
+}
+
+const participant_name& inbox_reader::participant() const noexcept {
+  return mailbox_->participant();
+}
+
+result<void> inbox_reader::ack(std::uint64_t seq) {
+  return settle(seq, ack_kind::ack, duration::zero(), nullptr);
+}
+
+result<void> inbox_reader::nack(std::uint64_t seq, duration delay) {
+  return settle(seq, ack_kind::nak, delay, nullptr);
+}
+
+void inbox_reader::async_ack(std::uint64_t seq, completion<void> done) {
+  if (auto r = settle(seq, ack_kind::ack, duration::zero(), done); !r && done) done(r.error());
+}
+
+void inbox_reader::async_nack(std::uint64_t seq, duration delay, completion<void> done) {
+  if (auto r = settle(seq, ack_kind::nak, delay, done); !r && done) done(r.error());
+}
+
+result<void> inbox_reader::settle(std::uint64_t seq, ack_kind kind, duration delay,
+                                  completion<void> done) {
+  if (delay < duration::zero()) {
+    return unexpected(errc::bad_request, "nack delay must not be negative");
+  }
+  auto taken = mailbox_->take(id_, seq);
+  if (!taken) return taken.error();
+  mailbox_->settle(std::move(*taken), kind, delay, std::move(done));
+  return {};
+}
+
+void inbox_reader::stop() noexcept {
+  mailbox_->remove_reader(id_);
+}
+
+// ----- inbox --------------------------------------------------------------------------
+
+inbox::inbox(std::shared_ptr<detail::inbox_core> core) : core_(std::move(core)) {}
+
+inbox::~inbox() = default;
+
+result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
+                                           const broker_config& config) {
+  if (!t) return unexpected(errc::bad_request, "inbox needs a transport");
+  if (config.inbox_window < 1) {
+    return unexpected(errc::bad_request,
+                      fmt::format("inbox_window must be at least 1, not {}", config.inbox_window));
+  }
+  if (config.inbox_ack_wait <= duration::zero()) {
+    return unexpected(errc::bad_request, "inbox_ack_wait must be positive");
+  }
+  auto stream = subjects::inbox_stream(config.ns);
+  auto settings = std::make_shared<detail::inbox_settings>(detail::inbox_settings{
+      .ns = config.ns,
+      .stream = stream,
+      .stream_settings = stream_config{.name = stream,
+                                       .subjects = {subjects::inbox_subjects(config.ns)},
+                                       .retention = retention_policy::work_queue,
+                                       .storage = config.storage,
+                                       .max_age = config.inbox_max_age,
+                                       .duplicate_window = config.duplicate_window,
+                                       .replicas = config.replicas},
+      .ack_wait = config.inbox_ack_wait,
+      .window = static_cast<std::size_t>(config.inbox_window)});
+  if (auto r = t->ensure_stream(settings->stream_settings); !r) return r.error();
+  auto core = std::make_shared<detail::inbox_core>();
+  core->backend = std::move(t);
+  core->settings = std::move(settings);
+  core->run = detail::executor_for(config, core->pool);
+  return std::make_shared<inbox>(std::move(core));
+}
+
+result<send_result> inbox::send(inbox_send msg) {
+  auto p = detail::prepare(std::move(msg), *core_);
+  if (!p) return p.error();
+  auto ack = core_->backend->publish(std::move(p->out));
+  if (!ack) return ack.error();
+  return send_result{.seq = ack->seq, .msg_id = std::move(p->id), .duplicate = ack->duplicate};
+}
+
+void inbox::async_send(inbox_send msg, completion<send_result> done) {
+  auto p = detail::prepare(std::move(msg), *core_);
+  if (!p) return done(p.error());
+  core_->backend->async_publish(
+      std::move(p->out), [id = std::move(p->id), done = std::move(done)](result<publish_ack> r) {
+        if (!r) return done(std::move(r).error());
+        done(send_result{.seq = r->seq, .msg_id = id, .duplicate = r->duplicate});
+      });
+}
+
+result<std::unique_ptr<inbox_reader>> inbox::attach(
+    const participant_name& participant, std::function<void(const inbox_message&)> on_message) {
+  if (!on_message) return unexpected(errc::bad_request, "attach needs an on_message callback");
+  auto mailbox = detail::mailbox_for(core_, participant);
+  if (auto r = mailbox->ensure_consumer(); !r) return r.error();
+  auto id = mailbox->add_reader(std::move(on_message));
+  mailbox->kick();
+  return std::unique_ptr<inbox_reader>(new inbox_reader(core_, std::move(mailbox), id));
+}
+
+const namespace_name& inbox::ns() const noexcept {
+  return core_->settings->ns;
+}
+
+}  // namespace amp

@@ -1,0 +1,630 @@
+// Inbox messages (spec §5) on every transport: send, delivery to attached readers, ack,
+// nack, the window and redelivery.
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "amp/broker/inbox.hpp"
+#include "amp/subjects.hpp"
+#include "broker/cases/broker_helpers.hpp"
+
+namespace amp::broker_testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// What a reader received, in order.
+class inbox_log {
+ public:
+  std::function<void(const inbox_message&)> sink() {
+    return [this](const inbox_message& m) {
+      std::lock_guard lock(mu_);
+      got_.push_back(m);
+    };
+  }
+  std::size_t size() const {
+    std::lock_guard lock(mu_);
+    return got_.size();
+  }
+  inbox_message at(std::size_t i) const {
+    std::lock_guard lock(mu_);
+    return got_.at(i);
+  }
+  std::vector<inbox_message> all() const {
+    std::lock_guard lock(mu_);
+    return got_;
+  }
+  /// True once at least `n` deliveries arrived (at once on memory, where delivery is
+  /// synchronous; within `timeout` on a real backend).
+  bool reaches(std::size_t n, std::chrono::milliseconds timeout = 10s) const {
+    return eventually([&] { return size() >= n; }, timeout);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<inbox_message> got_;
+};
+
+// On a real backend, gives deliveries that should not happen the time to show up.
+void quiet_period(fixture& fx) {
+  if (fx.real_time()) std::this_thread::sleep_for(300ms);
+}
+
+inbox_send note(std::string_view to, std::string_view from, std::string body = R"({"n":1})",
+                std::string msg_id = {}) {
+  return inbox_send{.to = pname(to),
+                    .from = std::string(from),
+                    .body = std::move(body),
+                    .msg_id = std::move(msg_id)};
+}
+
+std::uint64_t stored_messages(fixture& fx, const broker_config& cfg) {
+  return must(fx.transport().stream_info_of(subjects::inbox_stream(cfg.ns))).state.messages;
+}
+
+struct setup {
+  std::unique_ptr<fixture> fx = make_fixture();
+  broker_config cfg = config_for(*fx);
+  std::shared_ptr<inbox> box;
+
+  explicit setup(duration ack_wait = 1s, int window = 64) {
+    cfg.inbox_ack_wait = ack_wait;
+    cfg.inbox_window = window;
+    box = must(inbox::open(fx->shared_transport(), cfg));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("inbox: a message sent to an offline participant is delivered when it attaches",
+          "[inbox]") {
+  setup s;
+  auto before =
+      std::chrono::time_point_cast<std::chrono::milliseconds>(s.fx->transport().clock()->now());
+  auto sent = must(s.box->send(inbox_send{.to = pname("bob"),
+                                          .from = "alice",
+                                          .body = R"({"text": "hi", "n": [1, 2]})",
+                                          .type = "review.request",
+                                          .headers = {{"k", "v"}},
+                                          .reply_to = "alice",
+                                          .correlation = "c-1"}));
+  auto after = s.fx->transport().clock()->now();
+  CHECK(sent.seq > 0);
+  CHECK_FALSE(sent.msg_id.empty());
+  CHECK_FALSE(sent.duplicate);
+
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  REQUIRE(log.reaches(1));
+  auto m = log.at(0);
+  CHECK(m.seq == sent.seq);
+  CHECK(m.delivery == 1);
+  CHECK(m.env.id == sent.msg_id);
+  CHECK(m.env.from == "alice");
+  CHECK(m.env.to == "bob");
+  CHECK(m.env.ns == s.cfg.ns.str());
+  CHECK(m.env.type == "review.request");
+  CHECK(m.env.body == R"({"text":"hi","n":[1,2]})");
+  CHECK(m.env.headers == std::vector<std::pair<std::string, std::string>>{{"k", "v"}});
+  CHECK(m.env.reply_to == "alice");
+  CHECK(m.env.correlation == "c-1");
+  CHECK(m.env.ts >= before);
+  CHECK(m.env.ts <= after);
+  CHECK(reader->participant() == pname("bob"));
+  quiet_period(*s.fx);
+  CHECK(log.size() == 1);
+}
+
+TEST_CASE("inbox: a message sent while the recipient is attached reaches it", "[inbox]") {
+  setup s;
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  auto sent = must(s.box->send(note("bob", "$broker", R"("system")")));
+  REQUIRE(log.reaches(1));
+  CHECK(log.at(0).seq == sent.seq);
+  CHECK(log.at(0).env.from == "$broker");
+  CHECK(log.at(0).env.body == R"("system")");
+  must(reader->ack(sent.seq));
+}
+
+TEST_CASE("inbox: a repeated msg_id from the same sender to the same recipient is stored once",
+          "[inbox]") {
+  setup s;
+  auto first = must(s.box->send(note("bob", "alice", R"({"n":1})", "m-1")));
+  CHECK_FALSE(first.duplicate);
+  CHECK(first.msg_id == "m-1");
+  auto again = must(s.box->send(note("bob", "alice", R"({"n":2})", "m-1")));
+  CHECK(again.duplicate);
+  CHECK(again.seq == first.seq);
+  CHECK(again.msg_id == "m-1");
+
+  auto other_sender = must(s.box->send(note("bob", "carol", R"({"n":3})", "m-1")));
+  CHECK_FALSE(other_sender.duplicate);
+  CHECK(other_sender.seq != first.seq);
+  auto other_recipient = must(s.box->send(note("dave", "alice", R"({"n":4})", "m-1")));
+  CHECK_FALSE(other_recipient.duplicate);
+
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  REQUIRE(log.reaches(2));
+  quiet_period(*s.fx);
+  REQUIRE(log.size() == 2);
+  CHECK(log.at(0).seq == first.seq);
+  CHECK(log.at(0).env.body == R"({"n":1})");
+  CHECK(log.at(1).seq == other_sender.seq);
+  CHECK(log.at(1).env.from == "carol");
+}
+
+TEST_CASE("inbox: messages without msg_id get unique ids and are never deduplicated", "[inbox]") {
+  setup s;
+  auto a = must(s.box->send(note("bob", "alice")));
+  auto b = must(s.box->send(note("bob", "alice")));
+  CHECK(a.msg_id != b.msg_id);
+  CHECK(a.seq != b.seq);
+  CHECK_FALSE(b.duplicate);
+  CHECK(stored_messages(*s.fx, s.cfg) == 2);
+}
+
+TEST_CASE("inbox: an acked message is removed and never redelivered", "[inbox]") {
+  setup s;
+  auto sent = must(s.box->send(note("bob", "alice")));
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  REQUIRE(log.reaches(1));
+  must(reader->ack(sent.seq));
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
+  s.fx->advance(s.cfg.inbox_ack_wait * 2);
+  quiet_period(*s.fx);
+  CHECK(log.size() == 1);
+
+  // Nor does a participant that comes back get it.
+  reader.reset();
+  inbox_log later;
+  auto again = must(s.box->attach(pname("bob"), later.sink()));
+  quiet_period(*s.fx);
+  CHECK(later.size() == 0);
+}
+
+TEST_CASE("inbox: an unacked message is delivered again after the ack wait", "[inbox]") {
+  setup s;
+  auto sent = must(s.box->send(note("bob", "alice")));
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  REQUIRE(log.reaches(1));
+  CHECK(log.at(0).delivery == 1);
+  s.fx->advance(s.cfg.inbox_ack_wait / 2);
+  CHECK(log.size() == 1);
+  s.fx->advance(s.cfg.inbox_ack_wait / 2);
+  REQUIRE(log.reaches(2));
+  CHECK(log.at(1).seq == sent.seq);
+  CHECK(log.at(1).delivery == 2);
+  CHECK(log.at(1).env == log.at(0).env);
+  must(reader->ack(sent.seq));
+  s.fx->advance(s.cfg.inbox_ack_wait * 2);
+  quiet_period(*s.fx);
+  CHECK(log.size() == 2);
+}
+
+TEST_CASE("inbox: an ack of the first delivery after the ack wait still counts", "[inbox]") {
+  setup s;
+  auto sent = must(s.box->send(note("bob", "alice")));
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  REQUIRE(log.reaches(1));
+  s.fx->advance(s.cfg.inbox_ack_wait);
+  REQUIRE(log.reaches(2));
+  must(reader->ack(sent.seq));
+  CHECK(code_of(reader->ack(sent.seq)) == errc::not_found);
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
+}
+
+TEST_CASE("inbox: a nack with a delay redelivers after the delay, counting a delivery", "[inbox]") {
+  setup s(5s);
+  auto sent = must(s.box->send(note("bob", "alice")));
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  REQUIRE(log.reaches(1));
+  must(reader->nack(sent.seq, 2s));
+  CHECK(code_of(reader->ack(sent.seq)) == errc::not_found);  // no longer in flight
+  s.fx->advance(1s);
+  CHECK(log.size() == 1);
+  s.fx->advance(1s);
+  REQUIRE(log.reaches(2));
+  CHECK(log.at(1).seq == sent.seq);
+  CHECK(log.at(1).delivery == 2);
+
+  // Without a delay it comes back at once.
+  must(reader->nack(sent.seq));
+  REQUIRE(log.reaches(3, 2s));
+  CHECK(log.at(2).delivery == 3);
+  must(reader->ack(sent.seq));
+}
+
+TEST_CASE("inbox: ack and nack of a seq that is not in flight are not_found", "[inbox]") {
+  setup s;
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  CHECK(code_of(reader->ack(424242)) == errc::not_found);
+  CHECK(code_of(reader->nack(424242)) == errc::not_found);
+
+  auto sent = must(s.box->send(note("bob", "alice")));
+  REQUIRE(log.reaches(1));
+  CHECK(code_of(reader->nack(sent.seq, -1s)) == errc::bad_request);
+  must(reader->ack(sent.seq));  // the bad nack changed nothing
+  CHECK(code_of(reader->ack(sent.seq)) == errc::not_found);
+  CHECK(code_of(reader->nack(sent.seq)) == errc::not_found);
+
+  // Another participant's message is not in flight to bob.
+  inbox_log carol_log;
+  auto carol = must(s.box->attach(pname("carol"), carol_log.sink()));
+  auto to_carol = must(s.box->send(note("carol", "alice")));
+  REQUIRE(carol_log.reaches(1));
+  CHECK(code_of(reader->ack(to_carol.seq)) == errc::not_found);
+  must(carol->ack(to_carol.seq));
+
+  // A stopped reader settles nothing.
+  auto next = must(s.box->send(note("carol", "alice")));
+  REQUIRE(carol_log.reaches(2));
+  auto second = must(s.box->attach(pname("carol"), [](const inbox_message&) {}));
+  second->stop();
+  CHECK(code_of(second->ack(next.seq)) == errc::not_found);
+  must(carol->ack(next.seq));
+}
+
+TEST_CASE("inbox: async ack and nack report the outcome", "[inbox]") {
+  setup s;
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  auto sent = must(s.box->send(note("bob", "alice")));
+  REQUIRE(log.reaches(1));
+  std::atomic<int> acked{-1};
+  reader->async_ack(sent.seq, [&](result<void> r) { acked = static_cast<int>(code_of(r)); });
+  CHECK(eventually([&] { return acked.load() == 0; }));
+  std::atomic<int> again{-1};
+  reader->async_nack(sent.seq, 0s, [&](result<void> r) { again = static_cast<int>(code_of(r)); });
+  CHECK(eventually([&] { return again.load() == static_cast<int>(errc::not_found); }));
+}
+
+TEST_CASE("inbox: at most inbox_window messages are in flight until acked", "[inbox]") {
+  setup s(30s, 3);
+  std::vector<std::uint64_t> seqs;
+  for (int i = 0; i < 10; ++i) seqs.push_back(must(s.box->send(note("bob", "alice"))).seq);
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  REQUIRE(log.reaches(3));
+  quiet_period(*s.fx);
+  REQUIRE(log.size() == 3);
+
+  must(reader->ack(seqs[0]));
+  REQUIRE(log.reaches(4));
+  quiet_period(*s.fx);
+  CHECK(log.size() == 4);
+
+  // A nack frees a place as well; the nacked message comes back first.
+  must(reader->nack(seqs[1]));
+  REQUIRE(log.reaches(5));
+  CHECK(log.at(4).seq == seqs[1]);
+  CHECK(log.at(4).delivery == 2);
+
+  for (std::size_t acked = 1; acked < seqs.size(); ++acked) {
+    must(reader->ack(seqs[acked]));
+    if (acked + 3 < seqs.size()) REQUIRE(log.reaches(5 + acked));
+  }
+  quiet_period(*s.fx);
+  auto all = log.all();
+  REQUIRE(all.size() == 11);
+  std::vector<std::uint64_t> first_deliveries;
+  for (const auto& m : all) {
+    if (m.delivery == 1) first_deliveries.push_back(m.seq);
+  }
+  CHECK(first_deliveries == seqs);
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
+}
+
+TEST_CASE("inbox: a full window still redelivers what is not acked in time", "[inbox]") {
+  setup s(1s, 2);
+  std::vector<std::uint64_t> seqs;
+  for (int i = 0; i < 3; ++i) seqs.push_back(must(s.box->send(note("bob", "alice"))).seq);
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  REQUIRE(log.reaches(2));
+  s.fx->advance(s.cfg.inbox_ack_wait);
+  REQUIRE(log.reaches(4));
+  auto all = log.all();
+  CHECK(all[2].delivery == 2);
+  CHECK(all[3].delivery == 2);
+  CHECK(all[2].seq != seqs[2]);
+  CHECK(all[3].seq != seqs[2]);
+  must(reader->ack(seqs[0]));
+  must(reader->ack(seqs[1]));
+  REQUIRE(log.reaches(5));
+  CHECK(log.at(4).seq == seqs[2]);
+  CHECK(log.at(4).delivery == 1);
+  must(reader->ack(seqs[2]));
+}
+
+TEST_CASE("inbox: every reader of a participant gets each message; an ack from one counts",
+          "[inbox]") {
+  setup s;
+  inbox_log one, two, other;
+  auto r1 = must(s.box->attach(pname("bob"), one.sink()));
+  auto r2 = must(s.box->attach(pname("bob"), two.sink()));
+  auto r3 = must(s.box->attach(pname("carol"), other.sink()));
+  auto sent = must(s.box->send(note("bob", "alice")));
+  REQUIRE(one.reaches(1));
+  REQUIRE(two.reaches(1));
+  CHECK(one.at(0).seq == sent.seq);
+  CHECK(two.at(0).seq == sent.seq);
+  must(r2->ack(sent.seq));
+  CHECK(code_of(r1->ack(sent.seq)) == errc::not_found);
+  s.fx->advance(s.cfg.inbox_ack_wait * 2);
+  quiet_period(*s.fx);
+  CHECK(one.size() == 1);
+  CHECK(two.size() == 1);
+  CHECK(other.size() == 0);
+
+  // One reader leaving does not hand back what is in flight to the other.
+  auto next = must(s.box->send(note("bob", "alice")));
+  REQUIRE(one.reaches(2));
+  REQUIRE(two.reaches(2));
+  r1->stop();
+  quiet_period(*s.fx);
+  CHECK(two.size() == 2);
+  must(r2->ack(next.seq));
+}
+
+TEST_CASE("inbox: when the last reader detaches, what was in flight goes to the next at once",
+          "[inbox]") {
+  setup s(30s);
+  auto sent = must(s.box->send(note("bob", "alice")));
+  inbox_log first;
+  auto reader = must(s.box->attach(pname("bob"), first.sink()));
+  REQUIRE(first.reaches(1));
+  reader.reset();
+
+  inbox_log second;
+  auto back = must(s.box->attach(pname("bob"), second.sink()));
+  // Far sooner than the 30 s ack wait, and without moving a manual clock.
+  REQUIRE(second.reaches(1, 5s));
+  CHECK(second.at(0).seq == sent.seq);
+  CHECK(second.at(0).delivery >= 2);
+  must(back->ack(sent.seq));
+  CHECK(first.size() == 1);
+}
+
+TEST_CASE("inbox: a reader may stop itself from its callback", "[inbox]") {
+  setup s(30s);
+  std::unique_ptr<inbox_reader> reader;
+  std::mutex mu;
+  std::atomic<int> calls{0};
+  reader = must(s.box->attach(pname("bob"), [&](const inbox_message&) {
+    ++calls;
+    std::lock_guard lock(mu);
+    reader.reset();  // destroys the reader inside its own callback
+  }));
+  // The callback needs `reader` set before the first delivery: send after attaching.
+  auto a = must(s.box->send(note("bob", "alice")));
+  auto b = must(s.box->send(note("bob", "alice")));
+  CHECK(eventually([&] {
+    std::lock_guard lock(mu);
+    return reader == nullptr;
+  }));
+  quiet_period(*s.fx);
+  CHECK(calls.load() == 1);
+
+  inbox_log log;
+  auto next = must(s.box->attach(pname("bob"), log.sink()));
+  REQUIRE(log.reaches(2, 5s));
+  must(next->ack(a.seq));
+  must(next->ack(b.seq));
+}
+
+TEST_CASE("inbox: a callback may answer with async_send and ack", "[inbox]") {
+  setup s;
+  inbox_log alice_log;
+  auto alice = must(s.box->attach(pname("alice"), alice_log.sink()));
+  std::shared_ptr<inbox> box = s.box;
+  std::unique_ptr<inbox_reader> bob;
+  std::atomic<bool> ready{false};
+  bob = must(s.box->attach(pname("bob"), [&, box](const inbox_message& m) {
+    while (!ready.load()) std::this_thread::yield();
+    box->async_send(inbox_send{.to = pname("alice"),
+                               .from = "bob",
+                               .body = m.env.body,
+                               .correlation = m.env.correlation},
+                    [](result<send_result>) {});
+    (void)bob->ack(m.seq);
+  }));
+  ready = true;
+  must(s.box->send(inbox_send{
+      .to = pname("bob"), .from = "alice", .body = R"({"q":"ping"})", .correlation = "c-7"}));
+  REQUIRE(alice_log.reaches(1));
+  CHECK(alice_log.at(0).env.from == "bob");
+  CHECK(alice_log.at(0).env.body == R"({"q":"ping"})");
+  CHECK(alice_log.at(0).env.correlation == "c-7");
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 1; }));  // alice's, unacked
+}
+
+TEST_CASE("inbox: async_send reports the sequence", "[inbox]") {
+  setup s;
+  std::mutex mu;
+  std::optional<result<send_result>> answer;
+  s.box->async_send(note("bob", "alice", "[1]", "x-1"), [&](result<send_result> r) {
+    std::lock_guard lock(mu);
+    answer = std::move(r);
+  });
+  REQUIRE(eventually([&] {
+    std::lock_guard lock(mu);
+    return answer.has_value();
+  }));
+  auto r = must(std::move(*answer));
+  CHECK(r.seq > 0);
+  CHECK(r.msg_id == "x-1");
+
+  std::optional<result<send_result>> refused;
+  s.box->async_send(note("bob", "Alice"), [&](result<send_result> e) { refused = std::move(e); });
+  REQUIRE(refused.has_value());  // bad input is answered at once
+  CHECK(code_of(*refused) == errc::invalid_name);
+}
+
+namespace {
+
+// Attaches `n` participants to one inbox object, then sends each its own message.
+void many_participants(int n) {
+  setup s(30s);
+  std::vector<inbox_log> logs(static_cast<std::size_t>(n));
+  std::vector<std::unique_ptr<inbox_reader>> readers;
+  readers.reserve(logs.size());
+  auto name = [](int i) { return pname("p" + std::to_string(i)); };
+  for (int i = 0; i < n; ++i) {
+    readers.push_back(must(s.box->attach(name(i), logs[static_cast<std::size_t>(i)].sink())));
+  }
+  // In rounds of 500, so that the memory transport's stream stays short.
+  for (int round = 0; round < n; round += 500) {
+    std::vector<std::uint64_t> seqs;
+    for (int i = round; i < std::min(n, round + 500); ++i) {
+      auto sent =
+          must(s.box->send(inbox_send{.to = name(i), .from = "alice", .body = std::to_string(i)}));
+      seqs.push_back(sent.seq);
+    }
+    for (int i = round; i < std::min(n, round + 500); ++i) {
+      auto& log = logs[static_cast<std::size_t>(i)];
+      REQUIRE(log.reaches(1, 30s));
+      auto m = log.at(0);
+      REQUIRE(m.seq == seqs[static_cast<std::size_t>(i - round)]);
+      REQUIRE(m.env.body == std::to_string(i));
+      REQUIRE(m.env.to == name(i).str());
+      must(readers[static_cast<std::size_t>(i)]->ack(m.seq));
+    }
+  }
+  quiet_period(*s.fx);
+  for (const auto& log : logs) REQUIRE(log.size() == 1);
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }, 30s));
+}
+
+}  // namespace
+
+TEST_CASE("inbox: many attached participants each get their own messages", "[inbox]") {
+  many_participants(500);
+}
+
+// 10,000 participants: about 10 s on the memory transport (whose publish and consumer
+// creation scan every consumer of the stream), so it runs only when asked for.
+TEST_CASE("inbox: ten thousand attached participants each get their own messages",
+          "[.][inbox-scale]") {
+  many_participants(10000);
+}
+
+TEST_CASE("inbox: bad input is refused precisely and stores nothing", "[inbox]") {
+  setup s;
+  auto refuse = [&](inbox_send m) { return code_of(s.box->send(std::move(m))); };
+  CHECK(refuse(note("bob", "alice", "")) == errc::bad_request);
+  CHECK(refuse(note("bob", "alice", "{")) == errc::bad_request);
+  CHECK(refuse(note("bob", "alice", "1 2")) == errc::bad_request);
+  CHECK(refuse(note("bob", "alice", R"({"a":1},"from":"x")")) == errc::bad_request);
+  CHECK(refuse(note("bob", "alice", "not json")) == errc::bad_request);
+  CHECK(refuse(note("bob", "Alice")) == errc::invalid_name);
+  CHECK(refuse(note("bob", "")) == errc::invalid_name);
+  CHECK(refuse(note("bob", "$root")) == errc::invalid_name);
+  CHECK(refuse(note("bob", "a.b")) == errc::invalid_name);
+  // A bad body is reported before a bad sender (spec §1 order).
+  CHECK(refuse(note("bob", "Alice", "{")) == errc::bad_request);
+
+  auto with = [](auto change) {
+    inbox_send m = note("bob", "alice");
+    change(m);
+    return m;
+  };
+  CHECK(refuse(with([](inbox_send& m) { m.reply_to = "Bob"; })) == errc::invalid_name);
+  CHECK(refuse(with([](inbox_send& m) { m.type = "bad type"; })) == errc::invalid_envelope);
+  CHECK(refuse(with([](inbox_send& m) { m.msg_id = std::string(129, 'x'); })) ==
+        errc::invalid_envelope);
+  CHECK(refuse(with([](inbox_send& m) { m.msg_id = "a\nb"; })) == errc::invalid_envelope);
+  CHECK(refuse(with([](inbox_send& m) { m.correlation = std::string(257, 'c'); })) ==
+        errc::invalid_envelope);
+  CHECK(refuse(with([](inbox_send& m) {
+          m.headers = {{"k", "1"}, {"k", "2"}};
+        })) == errc::invalid_envelope);
+  auto e = s.box->send(with([](inbox_send& m) { m.type = "bad type"; }));
+  CHECK(e.error().path() == "/type");
+
+  CHECK(stored_messages(*s.fx, s.cfg) == 0);
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  quiet_period(*s.fx);
+  CHECK(log.size() == 0);
+  CHECK(code_of(s.box->attach(pname("bob"), nullptr)) == errc::bad_request);
+
+  // And a good one after all that is the first message stored.
+  auto ok = must(s.box->send(note("bob", "alice")));
+  REQUIRE(log.reaches(1));
+  CHECK(log.at(0).seq == ok.seq);
+  must(reader->ack(ok.seq));
+}
+
+TEST_CASE("inbox: open refuses an impossible configuration", "[inbox]") {
+  auto fx = make_fixture();
+  auto cfg = config_for(*fx);
+  cfg.inbox_window = 0;
+  CHECK(code_of(inbox::open(fx->shared_transport(), cfg)) == errc::bad_request);
+  cfg.inbox_window = 1;
+  cfg.inbox_ack_wait = 0s;
+  CHECK(code_of(inbox::open(fx->shared_transport(), cfg)) == errc::bad_request);
+  CHECK(code_of(fx->transport().stream_info_of(subjects::inbox_stream(cfg.ns))) == errc::not_found);
+}
+
+TEST_CASE("inbox: a consumer deleted under an attached reader is made again", "[inbox]") {
+  setup s(30s);
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.sink()));
+  auto stream = subjects::inbox_stream(s.cfg.ns);
+  auto consumer = subjects::inbox_consumer(pname("bob"));
+  must(s.fx->transport().delete_consumer(stream, consumer));
+  // The failed fetch is retried after a short backoff.
+  bool back = false;
+  for (int i = 0; i < 100 && !back; ++i) {
+    s.fx->advance(100ms);
+    back = s.fx->transport().consumer_info_of(stream, consumer).has_value();
+  }
+  REQUIRE(back);
+  auto sent = must(s.box->send(note("bob", "alice")));
+  REQUIRE(log.reaches(1));
+  CHECK(log.at(0).seq == sent.seq);
+  must(reader->ack(sent.seq));
+}
+
+TEST_CASE("inbox: a consumer made with another ack wait or window takes the new ones", "[inbox]") {
+  setup s(30s, 64);
+  auto first = must(s.box->attach(pname("bob"), [](const inbox_message&) {}));
+  first.reset();
+  auto cfg = s.cfg;
+  cfg.inbox_ack_wait = 10s;
+  cfg.inbox_window = 3;
+  auto other = must(inbox::open(s.fx->shared_transport(), cfg));
+  auto second = must(other->attach(pname("bob"), [](const inbox_message&) {}));
+  auto info = must(s.fx->transport().consumer_info_of(subjects::inbox_stream(cfg.ns),
+                                                      subjects::inbox_consumer(pname("bob"))));
+  CHECK(info.config.ack_wait == 10s);
+  CHECK(info.config.max_ack_pending == 3);
+}
+
+TEST_CASE("inbox: two inbox objects on one namespace share the participant's window", "[inbox]") {
+  setup s(30s, 2);
+  auto other = must(inbox::open(s.fx->shared_transport(), s.cfg));
+  std::vector<std::uint64_t> seqs;
+  for (int i = 0; i < 5; ++i) seqs.push_back(must(s.box->send(note("bob", "alice"))).seq);
+  inbox_log here, there;
+  auto r1 = must(s.box->attach(pname("bob"), here.sink()));
+  auto r2 = must(other->attach(pname("bob"), there.sink()));
+  REQUIRE(eventually([&] { return here.size() + there.size() >= 2; }));
+  quiet_period(*s.fx);
+  CHECK(here.size() + there.size() == 2);
+}
+
+}  // namespace amp::broker_testing
