@@ -1,0 +1,45 @@
+#include "amp/broker/broker.hpp"
+
+#include <string>
+
+namespace amp {
+
+broker::broker(std::shared_ptr<transport> t, broker_config config)
+    : transport_(std::move(t)), config_(std::move(config)) {}
+
+result<std::shared_ptr<broker>> broker::open(std::shared_ptr<transport> t, broker_config config,
+                                             job_events events) {
+  auto b = std::make_shared<broker>(t, config);
+  auto tasks = task_store::open(t, config);
+  if (!tasks) return tasks.error();
+  b->tasks_ = *tasks;
+  auto in = inbox::open(t, config);
+  if (!in) return in.error();
+  b->inbox_ = *in;
+  auto tp = topics::open(t, config);
+  if (!tp) return tp.error();
+  b->topics_ = *tp;
+  auto reg = registry::open(t, config);
+  if (!reg) return reg.error();
+  b->registry_ = *reg;
+  if (!events.notify) {
+    std::weak_ptr<amp::inbox> weak = b->inbox_;
+    events.notify = [weak](const task_notice& n) -> result<void> {
+      auto box = weak.lock();
+      if (!box) return unexpected(errc::unavailable, "broker closed");
+      auto sent = box->send({.to = n.to,
+                             .from = std::string(broker_sender),
+                             .body = n.body,
+                             .type = n.type,
+                             .msg_id = n.msg_id});
+      if (!sent) return sent.error();
+      return {};
+    };
+  }
+  auto jobs = job_queue::open(t, config, b->tasks_, std::move(events));
+  if (!jobs) return jobs.error();
+  b->jobs_ = *jobs;
+  return b;
+}
+
+}  // namespace amp
