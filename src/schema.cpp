@@ -162,20 +162,6 @@ std::optional<std::string_view> between(std::string_view text, std::string_view 
   return text.substr(prefix.size(), text.size() - prefix.size() - suffix.size());
 }
 
-const char* type_name(dom::element e) {
-  switch (e.type()) {
-    case dom::element_type::ARRAY: return "an array";
-    case dom::element_type::OBJECT: return "an object";
-    case dom::element_type::INT64:
-    case dom::element_type::UINT64:
-    case dom::element_type::DOUBLE: return "a number";
-    case dom::element_type::STRING: return "a string";
-    case dom::element_type::BOOL: return "a boolean";
-    case dom::element_type::NULL_VALUE: return "null";
-  }
-  return "a value";
-}
-
 struct located_error {
   std::string path;
   std::size_t depth = 0;
@@ -241,7 +227,7 @@ located_error locate(const valijson::ValidationResults::Error& e, dom::element r
           static_cast<char>(std::tolower(static_cast<unsigned char>(out.reason.front())));
     }
     if (node && description == "Value type not permitted by 'type' constraint.") {
-      out.reason += std::string(" (it is ") + type_name(*node) + ")";
+      out.reason += std::string(" (it is ") + detail::type_name(node->type()) + ")";
     }
   }
   return out;

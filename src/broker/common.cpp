@@ -116,6 +116,31 @@ std::string dedup_id(std::string_view from, std::string_view to, std::string_vie
   return fmt::format("{}:{}:{}", from, to, msg_id);
 }
 
+void write_task_error(json_writer& w, const std::optional<task_error>& e) {
+  if (!e) {
+    w.null();
+    return;
+  }
+  w.begin_object();
+  w.key("code").string(e->code);
+  w.key("message").string(e->message);
+  w.end_object();
+}
+
+result<void> check_body_and_sender(std::string_view body, std::string_view from) {
+  if (body.empty()) return unexpected(errc::bad_request, "body is missing");
+  // One JSON value and nothing else, so the body cannot add members to the envelope.
+  if (auto r = json_check(body); !r) {
+    return unexpected(errc::bad_request, "body: " + r.error().message());
+  }
+  if (from != broker_sender) {
+    if (auto r = participant_name::make(from); !r) {
+      return unexpected(errc::invalid_name, "from: " + r.error().message());
+    }
+  }
+  return {};
+}
+
 result<envelope> seal_envelope(envelope_parts parts, std::string_view ns, time_point now) {
   envelope e;
   e.id = parts.msg_id.empty() ? unique_id("m_", now) : std::move(parts.msg_id);
@@ -128,11 +153,7 @@ result<envelope> seal_envelope(envelope_parts parts, std::string_view ns, time_p
   e.headers = std::move(parts.headers);
   e.reply_to = std::move(parts.reply_to);
   e.correlation = std::move(parts.correlation);
-  if (e.body.empty()) return unexpected(errc::bad_request, "body is missing");
-  // One JSON value and nothing else, so the body cannot add members to the envelope.
-  if (auto r = json_check(e.body); !r) {
-    return unexpected(errc::bad_request, "body: " + r.error().message());
-  }
+  if (auto r = check_body_and_sender(e.body, e.from); !r) return r.error();
   return parse_envelope(to_json(e));
 }
 

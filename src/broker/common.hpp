@@ -9,13 +9,16 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "amp/broker/config.hpp"
+#include "amp/broker/task_store.hpp"
 #include "amp/envelope.hpp"
+#include "amp/json.hpp"
 #include "amp/result.hpp"
 
 namespace amp::detail {
@@ -54,6 +57,14 @@ std::string unique_id(std::string_view prefix, time_point now);
 
 // The `Nats-Msg-Id` that makes `msg_id` deduplicate per sender and destination.
 std::string dedup_id(std::string_view from, std::string_view to, std::string_view msg_id);
+
+// Writes a task's error as `{"code","message"}`, or null.
+void write_task_error(json_writer& w, const std::optional<task_error>& e);
+
+// The first checks of anything a caller sends, in the spec's order: `bad_request` when
+// `body` is missing or not exactly one JSON value; `invalid_name` ("from: ...") when `from`
+// is neither a participant name nor `$broker`.
+result<void> check_body_and_sender(std::string_view body, std::string_view from);
 
 // The caller's parts of an envelope.
 struct envelope_parts {

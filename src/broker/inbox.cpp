@@ -415,15 +415,7 @@ struct prepared {
 };
 
 result<prepared> prepare(inbox_send msg, const inbox_core& core) {
-  if (msg.body.empty()) return unexpected(errc::bad_request, "body is missing");
-  if (auto r = json_check(msg.body); !r) {
-    return unexpected(errc::bad_request, "body: " + r.error().message());
-  }
-  if (msg.from != broker_sender) {
-    if (auto r = participant_name::make(msg.from); !r) {
-      return unexpected(errc::invalid_name, "from: " + r.error().message());
-    }
-  }
+  if (auto r = detail::check_body_and_sender(msg.body, msg.from); !r) return r.error();
   if (!msg.reply_to.empty()) {
     if (auto r = participant_name::make(msg.reply_to); !r) {
       return unexpected(errc::invalid_name, "reply_to: " + r.error().message());

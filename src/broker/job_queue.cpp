@@ -40,14 +40,7 @@ std::string notice_body(const task_record& r) {
     w.key("result").raw(r.result.empty() ? "null" : r.result);
   } else {
     w.key("error");
-    if (r.error) {
-      w.begin_object();
-      w.key("code").string(r.error->code);
-      w.key("message").string(r.error->message);
-      w.end_object();
-    } else {
-      w.null();
-    }
+    detail::write_task_error(w, r.error);
   }
   w.end_object();
   return w.take();

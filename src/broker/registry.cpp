@@ -16,6 +16,7 @@
 #include "amp/subjects.hpp"
 #include "amp/timestamp.hpp"
 #include "broker/common.hpp"
+#include "detail/simdjson_adapter.hpp"
 
 namespace amp {
 namespace {
@@ -88,20 +89,6 @@ std::string encode(const record& r) {
   return w.take();
 }
 
-std::string_view type_name(dom::element_type t) {
-  switch (t) {
-    case dom::element_type::ARRAY: return "an array";
-    case dom::element_type::OBJECT: return "an object";
-    case dom::element_type::INT64:
-    case dom::element_type::UINT64:
-    case dom::element_type::DOUBLE: return "a number";
-    case dom::element_type::STRING: return "a string";
-    case dom::element_type::BOOL: return "a boolean";
-    case dom::element_type::NULL_VALUE: return "null";
-  }
-  return "a value";
-}
-
 // The stored record of `key`; nullopt for a value that is not one of ours (another
 // format version, or damaged), which every reader treats as no entry.
 std::optional<record> decode(std::string_view json, std::string_view key) {
@@ -158,8 +145,8 @@ result<std::string> checked_meta(std::string_view meta_json) {
                       std::string("meta: not valid JSON: ") + simdjson::error_message(code));
   }
   if (root.type() != dom::element_type::OBJECT) {
-    return unexpected(errc::bad_request,
-                      fmt::format("meta must be a JSON object, not {}", type_name(root.type())));
+    return unexpected(errc::bad_request, fmt::format("meta must be a JSON object, not {}",
+                                                     detail::type_name(root.type())));
   }
   return simdjson::minify(root);
 }

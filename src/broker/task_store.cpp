@@ -82,14 +82,7 @@ std::string write_record(const task_record& r, bool stored) {
     w.raw(r.result);
   }
   w.key("error");
-  if (r.error) {
-    w.begin_object();
-    w.key("code").string(r.error->code);
-    w.key("message").string(r.error->message);
-    w.end_object();
-  } else {
-    w.null();
-  }
+  detail::write_task_error(w, r.error);
   if (stored) {
     w.key("holders").begin_array();
     for (const auto& h : r.holders) w.string(h);

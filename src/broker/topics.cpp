@@ -21,15 +21,7 @@ struct prepared {
 
 result<prepared> prepare(const namespace_name& ns, time_point now, topic_message msg) {
   // The spec's order: shape (bad_request), then names, then the envelope.
-  if (msg.body.empty()) return unexpected(errc::bad_request, "body is missing");
-  if (auto r = json_check(msg.body); !r) {
-    return unexpected(errc::bad_request, "body: " + r.error().message());
-  }
-  if (msg.from != broker_sender) {
-    if (auto r = participant_name::make(msg.from); !r) {
-      return unexpected(errc::invalid_name, "from: " + r.error().message());
-    }
-  }
+  if (auto r = detail::check_body_and_sender(msg.body, msg.from); !r) return r.error();
   auto env = detail::seal_envelope({.from = std::move(msg.from),
                                     .to = msg.to.str(),
                                     .body = std::move(msg.body),

@@ -69,6 +69,21 @@ struct constant_document {
   dom::element root;
 };
 
+// "an array", "a number", "null"...: what a JSON value is, for error messages.
+inline const char* type_name(dom::element_type t) {
+  switch (t) {
+    case dom::element_type::ARRAY: return "an array";
+    case dom::element_type::OBJECT: return "an object";
+    case dom::element_type::INT64:
+    case dom::element_type::UINT64:
+    case dom::element_type::DOUBLE: return "a number";
+    case dom::element_type::STRING: return "a string";
+    case dom::element_type::BOOL: return "a boolean";
+    case dom::element_type::NULL_VALUE: return "null";
+  }
+  return "a value";
+}
+
 inline dom::element empty_object_element() {
   static const constant_document constant("{}");
   return constant.root;

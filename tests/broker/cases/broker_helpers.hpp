@@ -8,8 +8,10 @@
 
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "amp/broker/config.hpp"
 #include "amp/names.hpp"
@@ -50,5 +52,38 @@ inline bool eventually(const std::function<bool()>& condition,
   }
   return true;
 }
+
+/// Collects what a callback receives (events arrive on backend threads), in order.
+template <class T>
+class callback_log {
+ public:
+  std::function<void(const T&)> callback() {
+    return [this](const T& item) {
+      std::lock_guard lock(mu_);
+      items_.push_back(item);
+    };
+  }
+  std::size_t size() const {
+    std::lock_guard lock(mu_);
+    return items_.size();
+  }
+  T at(std::size_t i) const {
+    std::lock_guard lock(mu_);
+    return items_.at(i);
+  }
+  std::vector<T> all() const {
+    std::lock_guard lock(mu_);
+    return items_;
+  }
+  /// True once at least `n` arrived (at once on memory, where delivery is synchronous;
+  /// within `timeout` on a real backend).
+  bool reaches(std::size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const {
+    return eventually([&] { return size() >= n; }, timeout);
+  }
+
+ protected:
+  mutable std::mutex mu_;
+  std::vector<T> items_;
+};
 
 }  // namespace amp::broker_testing

@@ -11,23 +11,7 @@
 namespace amp::broker_testing {
 namespace {
 
-class inbox_log {
- public:
-  std::function<void(const inbox_message&)> callback() {
-    return [this](const inbox_message& m) {
-      std::lock_guard lock(mu_);
-      got_.push_back(m);
-    };
-  }
-  std::vector<inbox_message> got() {
-    std::lock_guard lock(mu_);
-    return got_;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<inbox_message> got_;
-};
+using inbox_log = callback_log<inbox_message>;
 
 TEST_CASE("a task's end reaches its submitter's inbox from $broker", "[broker]") {
   auto fx = make_fixture();
@@ -58,8 +42,8 @@ TEST_CASE("a task's end reaches its submitter's inbox from $broker", "[broker]")
   must(b->jobs().fail(failed, w1, {"bad_image", "cannot decode"}, false, {}));
   must(b->jobs().cancel(cancelled, viewer{.who = alice}));
 
-  REQUIRE(eventually([&] { return log.got().size() >= 3; }));
-  auto got = log.got();
+  REQUIRE(eventually([&] { return log.size() >= 3; }));
+  auto got = log.all();
   REQUIRE(got.size() == 3);
   std::map<std::string, std::string> bodies;
   for (const auto& m : got) {

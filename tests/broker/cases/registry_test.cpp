@@ -27,27 +27,8 @@ namespace {
 using namespace std::chrono_literals;
 
 // Collects the events of a watch; they arrive on the transport's thread.
-class recorder {
+class recorder : public callback_log<presence_event> {
  public:
-  std::function<void(const presence_event&)> callback() {
-    return [this](const presence_event& e) {
-      std::lock_guard lock(mu_);
-      events_.push_back(e);
-    };
-  }
-  std::vector<presence_event> events() {
-    std::lock_guard lock(mu_);
-    return events_;
-  }
-  std::size_t size() {
-    std::lock_guard lock(mu_);
-    return events_.size();
-  }
-  // True once at least `n` events arrived (at once on memory, where events are delivered
-  // before the change returns).
-  bool wait_for(std::size_t n) {
-    return eventually([&] { return size() >= n; });
-  }
   // Registers a marker participant and waits for its `up`: every event caused before is
   // then in (a watch delivers in order), so the list can be checked for what must not be
   // there. Returns the events but the marker's.
@@ -55,13 +36,13 @@ class recorder {
     auto marker = pname("zz-marker");
     auto markers = [&] {
       std::lock_guard lock(mu_);
-      return std::count_if(events_.begin(), events_.end(),
+      return std::count_if(items_.begin(), items_.end(),
                            [&](const presence_event& e) { return e.participant == marker; });
     };
     auto before = markers();
     must(reg.register_participant(marker, {}, 1, "{}"));
     REQUIRE(eventually([&] { return markers() > before; }));
-    auto all = events();
+    auto all = this->all();
     // What came after the marker was caused later.
     auto last = std::find_if(all.rbegin(), all.rend(),
                              [&](const presence_event& e) { return e.participant == marker; });
@@ -69,10 +50,6 @@ class recorder {
     std::erase_if(all, [&](const presence_event& e) { return e.participant == marker; });
     return all;
   }
-
- private:
-  std::mutex mu_;
-  std::vector<presence_event> events_;
 };
 
 std::vector<std::string> names_of(const std::vector<registry_entry>& entries) {
@@ -115,15 +92,15 @@ TEST_CASE("registry: registering again replaces the entry and watchers see it up
                           R"("meta":{"gpu":true,"zone":"eu"},"updated_at":")" +
                               format_timestamp(first.updated_at) + R"(","expires_at":")" +
                               format_timestamp(first.expires_at) + R"("})");
-  REQUIRE(rec.wait_for(1));
-  auto ev = rec.events();
+  REQUIRE(rec.reaches(1));
+  auto ev = rec.all();
   CHECK(is_event(ev[0], "w1", up, registered));
   CHECK(ev[0].entry == first);
 
   auto second =
       must(reg->register_participant(pname("w1"), {jname("thumb"), jname("resize")}, 2, "{}", 1));
-  REQUIRE(rec.wait_for(2));
-  ev = rec.events();
+  REQUIRE(rec.reaches(2));
+  ev = rec.all();
   CHECK(is_event(ev[1], "w1", up, registered));
   CHECK(ev[1].entry == second);
   CHECK(second.jobs == std::vector{jname("thumb"), jname("resize")});
@@ -191,8 +168,8 @@ TEST_CASE("registry: an entry not refreshed expires once and leaves who and elig
   must(reg->heartbeat(pname("w2")));
   fx->advance(cfg.registry_ttl / 2);
 
-  REQUIRE(rec.wait_for(3));
-  auto ev = rec.events();
+  REQUIRE(rec.reaches(3));
+  auto ev = rec.all();
   CHECK(is_event(ev[2], "w1", down, expired));
   CHECK(ev[2].entry == w1);
   CHECK(names_of(must(reg->live())) == std::vector<std::string>{"w2"});
@@ -224,8 +201,8 @@ TEST_CASE("registry: leave takes the participant down at once, and only once", "
   auto w1 = must(reg->register_participant(pname("w1"), {jname("resize")}, 2, "{}"));
 
   must(reg->leave(pname("w1")));
-  REQUIRE(rec.wait_for(2));
-  auto ev = rec.events();
+  REQUIRE(rec.reaches(2));
+  auto ev = rec.all();
   CHECK(is_event(ev[1], "w1", down, left));
   CHECK(ev[1].entry == w1);
   CHECK(must(reg->live()).empty());
@@ -243,8 +220,8 @@ TEST_CASE("registry: leave takes the participant down at once, and only once", "
   REQUIRE(ev.size() == 2);
 
   must(reg->register_participant(pname("w1"), {}, 1, "{}"));
-  REQUIRE(rec.wait_for(4));
-  CHECK(is_event(rec.events()[3], "w1", up, registered));
+  REQUIRE(rec.reaches(4));
+  CHECK(is_event(rec.all()[3], "w1", up, registered));
 }
 
 TEST_CASE("registry: eligible lists the least loaded first and skips full and zero-slot ones",
@@ -346,13 +323,13 @@ TEST_CASE("registry: with two sweepers on one namespace every expiry is one down
   fx->advance(cfg.registry_ttl / 2);
   must(b->heartbeat(pname("w3")));
   fx->advance(cfg.registry_ttl / 2);  // w1 and w2 run out; w3 not yet
-  REQUIRE(rec.wait_for(5));
+  REQUIRE(rec.reaches(5));
   CHECK(names_of(must(a->live())) == std::vector<std::string>{"w3"});
   CHECK(names_of(must(b->live())) == std::vector<std::string>{"w3"});
   CHECK(names_of(must(c->live())) == std::vector<std::string>{"w3"});
 
   fx->advance(cfg.registry_ttl);  // w3 runs out too
-  REQUIRE(rec.wait_for(6));
+  REQUIRE(rec.reaches(6));
   fx->advance(cfg.registry_ttl);  // nothing more to record
   auto ev = rec.settled(*c);
   std::map<std::string, std::vector<std::string>> seen;
@@ -381,7 +358,7 @@ TEST_CASE("registry: an entry whose gateway is gone is not live and still expire
     auto gone = must(registry::open(fx->shared_transport(), cfg));
     must(gone->register_participant(pname("w1"), {jname("resize")}, 1, "{}"));
   }
-  REQUIRE(rec.wait_for(1));
+  REQUIRE(rec.reaches(1));
   fx->advance(cfg.registry_ttl * 2);
 
   // Whether or not anything has recorded the expiry yet, nobody lists it.
@@ -443,7 +420,7 @@ TEST_CASE("registry: heartbeats racing the expiry never lose or repeat a down ev
     }
   }
   fx->advance(cfg.registry_ttl * 2);
-  REQUIRE(rec.wait_for(static_cast<std::size_t>(2 * lost + 2)));
+  REQUIRE(rec.reaches(static_cast<std::size_t>(2 * lost + 2)));
   auto ev = rec.settled(*observer);
   INFO("heartbeats that lost the race: " << lost << " of " << rounds);
   REQUIRE(ev.size() == static_cast<std::size_t>(2 * lost + 2));
