@@ -518,5 +518,31 @@ TEST_CASE("releasing a lease (bye) returns the task at once", "[jobs]") {
   CHECK(env.lost().empty());
 }
 
+TEST_CASE("each job has its own lease and max_attempts", "[jobs]") {
+  jobs_env env;
+  auto thumbs = jname("thumbs");
+  job_config custom = env.cfg.default_job;
+  custom.lease = env.lease() * 2;
+  custom.max_attempts = 1;
+  env.cfg.jobs["thumbs"] = custom;
+  env.q = env.open_queue();
+  CHECK(env.q->config_of(thumbs) == custom);
+  CHECK(env.q->config_of(env.job) == env.cfg.default_job);
+
+  auto id = must(env.q->submit({.job = thumbs, .from = env.alice, .body = "1"})).task;
+  CHECK(env.record(id).max_attempts == 1);
+  auto wait = env.fx().real_time() ? std::chrono::milliseconds(1500) : duration::zero();
+  auto offers = must(env.q->fetch(thumbs, 1, wait));
+  REQUIRE(offers.size() == 1);
+  CHECK(offers[0].lease == custom.lease);
+  auto l = must(env.q->claim(offers[0], env.w1));
+  CHECK(l.expires_at - env.t->clock()->now() > env.lease());
+  env.advance(env.lease() + std::chrono::milliseconds(100));  // the default lease: still held
+  CHECK(env.record(id).state == task_state::running);
+  env.advance(env.lease());
+  REQUIRE(eventually([&] { return env.record(id).state == task_state::failed; }));
+  CHECK(env.record(id).error->code == "attempts_exhausted");  // one attempt only
+}
+
 }  // namespace
 }  // namespace amp::broker_testing
