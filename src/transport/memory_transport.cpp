@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -49,9 +50,12 @@ unexpected missing(std::string_view what, std::string_view name) {
   return unexpected(errc::not_found, fmt::format("{} \"{}\" not found", what, name));
 }
 
+struct consumer_state;
+
 struct stored_message {
   message msg;  // stream, subject, data, headers, seq, time
   std::size_t bytes = 0;
+  std::vector<consumer_state*> holders;  // the consumers that have it pending
 };
 
 struct pending_delivery {
@@ -86,6 +90,17 @@ struct consumer_state {
   time_point wake_at;
 };
 
+// A filter without wildcards matches one subject: itself.
+bool is_concrete(std::string_view filter) {
+  return !filter.empty() && filter.find_first_of("*>") == std::string_view::npos;
+}
+
+struct by_durable {
+  bool operator()(const consumer_state* a, const consumer_state* b) const {
+    return a->config.durable < b->config.durable;
+  }
+};
+
 struct stream_state_impl {
   stream_config config;
   std::map<std::uint64_t, stored_message> msgs;
@@ -95,7 +110,48 @@ struct stream_state_impl {
   std::unordered_map<std::string, std::pair<std::uint64_t, time_point>> dedup;
   std::deque<std::pair<time_point, std::string>> dedup_order;
   std::map<std::string, consumer_state, std::less<>> consumers;
+  // The consumers again, so that a publish or an overlap check looks only at those that
+  // can match: by filter when it is concrete, and the others (wildcards, no filter).
+  std::unordered_map<std::string, std::vector<consumer_state*>> by_filter;
+  std::set<consumer_state*, by_durable> wildcard_consumers;
   std::vector<std::shared_ptr<ordered_sub>> subs;
+
+  stream_state_impl() = default;
+  stream_state_impl(const stream_state_impl&) = delete;  // the indexes point into itself
+  stream_state_impl& operator=(const stream_state_impl&) = delete;
+
+  void index(consumer_state& c) {
+    if (is_concrete(c.config.filter_subject)) {
+      by_filter[c.config.filter_subject].push_back(&c);
+    } else {
+      wildcard_consumers.insert(&c);
+    }
+  }
+
+  void unindex(consumer_state& c) {
+    if (!is_concrete(c.config.filter_subject)) {
+      wildcard_consumers.erase(&c);
+      return;
+    }
+    auto it = by_filter.find(c.config.filter_subject);
+    if (it == by_filter.end()) return;
+    std::erase(it->second, &c);
+    if (it->second.empty()) by_filter.erase(it);
+  }
+
+  // Calls `fn` with each consumer whose filter matches `subject`, in no particular order.
+  template <class F>
+  void for_each_matching(const std::string& subject, F&& fn) const {
+    if (auto it = by_filter.find(subject); it != by_filter.end()) {
+      for (auto* c : it->second) fn(*c);
+    }
+    for (auto* c : wildcard_consumers) {
+      if (c->config.filter_subject.empty() ||
+          subjects::subject_matches(c->config.filter_subject, subject)) {
+        fn(*c);
+      }
+    }
+  }
 };
 
 struct kv_revision {
@@ -256,6 +312,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     c.uid = ++last_uid_;
     c.next_seq = start_sequence(*s, config.filter_subject, config.deliver, config.start_seq,
                                 config.start_time);
+    s->index(c);
     return info(*s, c);
   }
 
@@ -276,7 +333,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     }
     if (auto r = detail::check_consumer_fits(s->config, config); !r) return r.error();
     if (auto r = check_overlap(*s, config); !r) return r.error();
+    bool refiltered = old.filter_subject != config.filter_subject;
+    if (refiltered) s->unindex(it->second);
     old = config;
+    if (refiltered) s->index(it->second);
     serve_waiters(*s, it->second, after);
     return info(*s, it->second);
   }
@@ -303,7 +363,12 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (!s) return missing("stream", stream);
     auto it = s->consumers.find(durable);
     if (it == s->consumers.end()) return missing("consumer", durable);
-    fail_waiters(it->second, durable, after);
+    auto& c = it->second;
+    fail_waiters(c, durable, after);
+    for (const auto& [seq, p] : c.pending) {
+      if (auto m = s->msgs.find(seq); m != s->msgs.end()) std::erase(m->second.holders, &c);
+    }
+    s->unindex(c);
     s->consumers.erase(it);
     return {};
   }
@@ -528,15 +593,30 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   static result<void> check_overlap(const stream_state_impl& s, const consumer_config& c) {
     if (s.config.retention != retention_policy::work_queue) return {};
     auto mine = detail::filter_or_all(c.filter_subject);
-    for (const auto& [name, other] : s.consumers) {
-      if (name == c.durable) continue;
-      auto theirs = detail::filter_or_all(other.config.filter_subject);
-      if (subjects::filters_overlap(mine, theirs)) {
-        return unexpected(errc::conflict,
-                          fmt::format("consumer \"{}\": filter \"{}\" overlaps consumer \"{}\" "
-                                      "(\"{}\") on work-queue stream \"{}\"",
-                                      c.durable, mine, name, theirs, c.stream));
+    // Reports the overlapping consumer first by name.
+    const consumer_state* clash = nullptr;
+    auto consider = [&](const consumer_state& other) {
+      if (other.config.durable == c.durable) return;
+      if (clash && clash->config.durable < other.config.durable) return;
+      if (subjects::filters_overlap(mine, detail::filter_or_all(other.config.filter_subject))) {
+        clash = &other;
       }
+    };
+    if (is_concrete(mine)) {
+      // Two concrete filters overlap only when equal.
+      if (auto it = s.by_filter.find(mine); it != s.by_filter.end()) {
+        for (const auto* other : it->second) consider(*other);
+      }
+      for (const auto* other : s.wildcard_consumers) consider(*other);
+    } else {
+      for (const auto& [name, other] : s.consumers) consider(other);
+    }
+    if (clash) {
+      return unexpected(errc::conflict,
+                        fmt::format("consumer \"{}\": filter \"{}\" overlaps consumer \"{}\" "
+                                    "(\"{}\") on work-queue stream \"{}\"",
+                                    c.durable, mine, clash->config.durable,
+                                    detail::filter_or_all(clash->config.filter_subject), c.stream));
     }
     return {};
   }
@@ -569,6 +649,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   }
 
   static std::uint64_t last_matching(const stream_state_impl& s, std::string_view filter) {
+    if (is_concrete(filter)) {
+      auto it = s.by_subject.find(std::string(filter));
+      return it == s.by_subject.end() || it->second.empty() ? 0 : *it->second.rbegin();
+    }
     std::uint64_t best = 0;
     for (const auto& [subject, seqs] : s.by_subject) {
       if (!seqs.empty() && subjects::subject_matches(filter, subject)) {
@@ -613,8 +697,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       sub->second.erase(seq);
       if (sub->second.empty()) s.by_subject.erase(sub);
     }
+    for (auto* c : it->second.holders) c->pending.erase(seq);
     s.msgs.erase(it);
-    for (auto& [name, c] : s.consumers) c.pending.erase(seq);
   }
 
   void expire_messages(stream_state_impl& s) {
@@ -710,12 +794,12 @@ class memory_backend final : public transport, public std::enable_shared_from_th
           after.drain(sub->queue);
         }
       }
-      for (auto& [name, c] : s->consumers) {
-        if (!c.waiters.empty() &&
-            subjects::subject_matches(detail::filter_or_all(c.config.filter_subject), subject)) {
-          serve_waiters(*s, c, after);
-        }
-      }
+      std::vector<consumer_state*> waiting;
+      s->for_each_matching(subject, [&](consumer_state& c) {
+        if (!c.waiters.empty()) waiting.push_back(&c);
+      });
+      std::sort(waiting.begin(), waiting.end(), by_durable{});  // served in name order
+      for (auto* c : waiting) serve_waiters(*s, *c, after);
     }
     return publish_ack{.stream = stream_name, .seq = seq, .duplicate = false};
   }
@@ -728,9 +812,16 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   static consumer_info info(const stream_state_impl& s, const consumer_state& c) {
     consumer_info i{.config = c.config};
-    auto filter = detail::filter_or_all(c.config.filter_subject);
-    for (auto it = s.msgs.lower_bound(c.next_seq); it != s.msgs.end(); ++it) {
-      if (subjects::subject_matches(filter, it->second.msg.subject)) ++i.num_pending;
+    if (is_concrete(c.config.filter_subject)) {
+      if (auto it = s.by_subject.find(c.config.filter_subject); it != s.by_subject.end()) {
+        i.num_pending = static_cast<std::uint64_t>(
+            std::distance(it->second.lower_bound(c.next_seq), it->second.end()));
+      }
+    } else {
+      auto filter = detail::filter_or_all(c.config.filter_subject);
+      for (auto it = s.msgs.lower_bound(c.next_seq); it != s.msgs.end(); ++it) {
+        if (subjects::subject_matches(filter, it->second.msg.subject)) ++i.num_pending;
+      }
     }
     i.num_ack_pending = c.pending.size();
     for (const auto& [seq, p] : c.pending) {
@@ -779,14 +870,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       }
       ++it;
     }
-    auto filter = detail::filter_or_all(c.config.filter_subject);
     while (out.size() < batch &&
            (c.config.max_ack_pending <= 0 ||
             c.pending.size() < static_cast<std::size_t>(c.config.max_ack_pending))) {
-      auto it = s.msgs.lower_bound(c.next_seq);
-      while (it != s.msgs.end() && !subjects::subject_matches(filter, it->second.msg.subject)) {
-        ++it;
-      }
+      auto it = next_match(s, c.config.filter_subject, c.next_seq);
       if (it == s.msgs.end()) {
         c.next_seq = s.last_seq + 1;
         break;
@@ -794,11 +881,29 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       auto seq = it->first;
       c.next_seq = seq + 1;
       c.delivered_stream_seq = seq;
-      c.pending[seq] = pending_delivery{.deliveries = 1, .deadline = now + c.config.ack_wait};
+      auto [p, fresh] = c.pending.insert_or_assign(
+          seq, pending_delivery{.deliveries = 1, .deadline = now + c.config.ack_wait});
+      if (fresh) it->second.holders.push_back(&c);
       ++c.consumer_seq;
       out.push_back(delivered(s, c, seq, 1));
     }
     return out;
+  }
+
+  // The first message at or after `from` that `filter` matches; `s.msgs.end()` if none.
+  static std::map<std::uint64_t, stored_message>::iterator next_match(stream_state_impl& s,
+                                                                      const std::string& filter,
+                                                                      std::uint64_t from) {
+    if (is_concrete(filter)) {
+      auto same = s.by_subject.find(filter);
+      if (same == s.by_subject.end()) return s.msgs.end();
+      auto seq = same->second.lower_bound(from);
+      return seq == same->second.end() ? s.msgs.end() : s.msgs.find(*seq);
+    }
+    auto it = s.msgs.lower_bound(from);
+    if (filter.empty()) return it;
+    while (it != s.msgs.end() && !subjects::subject_matches(filter, it->second.msg.subject)) ++it;
+    return it;
   }
 
   void serve_waiters(stream_state_impl& s, consumer_state& c, deferred& after) {
@@ -899,6 +1004,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       case ack_kind::nak: pit->second.deadline = now + std::max(nak_delay, duration::zero()); break;
       case ack_kind::ack:
       case ack_kind::term:
+        if (auto m = s->msgs.find(seq); m != s->msgs.end()) std::erase(m->second.holders, &c);
         c.pending.erase(pit);
         if (s->config.retention == retention_policy::work_queue) {
           remove_message(*s, seq);
@@ -914,14 +1020,11 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   void remove_if_no_interest(stream_state_impl& s, std::uint64_t seq) {
     auto it = s.msgs.find(seq);
     if (it == s.msgs.end()) return;
-    for (const auto& [name, c] : s.consumers) {
-      if (!subjects::subject_matches(detail::filter_or_all(c.config.filter_subject),
-                                     it->second.msg.subject)) {
-        continue;
-      }
-      if (seq >= c.next_seq || c.pending.count(seq)) return;
-    }
-    remove_message(s, seq);
+    bool wanted = false;
+    s.for_each_matching(it->second.msg.subject, [&](const consumer_state& c) {
+      wanted = wanted || seq >= c.next_seq || c.pending.count(seq) > 0;
+    });
+    if (!wanted) remove_message(s, seq);
   }
 
   // ----- KV -----------------------------------------------------------------------
