@@ -113,7 +113,12 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     auto task = r.task;
     std::lock_guard lock(mu);
     if (closed) return;
-    auto& h = leases.insert_or_assign(task, held{holder, 0}).first->second;
+    auto [it, fresh] = leases.try_emplace(task, held{holder, 0});
+    if (!fresh) {
+      t->clock()->cancel(it->second.timer);  // a heartbeat: one timer per lease
+      it->second.holder = holder;
+    }
+    auto& h = it->second;
     h.timer = t->clock()->call_at(r.lease_expires_at, [weak, task, holder] {
       auto self = weak.lock();
       if (!self) return;
