@@ -111,29 +111,36 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   void track(const task_record& r, const participant_name& holder) {
     std::weak_ptr<state> weak = weak_from_this();
     auto task = r.task;
-    std::lock_guard lock(mu);
-    if (closed) return;
-    auto [it, fresh] = leases.try_emplace(task, held{holder, 0});
-    if (!fresh) {
-      t->clock()->cancel(it->second.timer);  // a heartbeat: one timer per lease
-      it->second.holder = holder;
-    }
-    auto& h = it->second;
-    h.timer = t->clock()->call_at(r.lease_expires_at, [weak, task, holder] {
-      auto self = weak.lock();
-      if (!self) return;
-      self->post([weak, task, holder] {
-        if (auto s = weak.lock()) s->on_lease_timer(task, holder);
+    std::optional<participant_name> displaced;
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      auto [it, fresh] = leases.try_emplace(task, held{holder, 0});
+      if (!fresh) {
+        t->clock()->cancel(it->second.timer);  // a heartbeat: one timer per lease
+        if (it->second.holder != holder) displaced = it->second.holder;
+        it->second.holder = holder;
+      }
+      it->second.timer = t->clock()->call_at(r.lease_expires_at, [weak, task, holder] {
+        auto self = weak.lock();
+        if (!self) return;
+        self->post([weak, task, holder] {
+          if (auto s = weak.lock()) s->on_lease_timer(task, holder);
+        });
       });
-    });
+    }
+    // A claim over a lease that ran out elsewhere: its holder lost it.
+    if (displaced) emit_lease_lost(*displaced, *task_id::make(task));
   }
 
-  void untrack(std::string_view task) {
+  // Forgets `holder`'s lease on `task` (not a newer holder's); true when it was there.
+  bool untrack(std::string_view task, const participant_name& holder) {
     std::lock_guard lock(mu);
     auto it = leases.find(task);
-    if (it == leases.end()) return;
+    if (it == leases.end() || it->second.holder != holder) return false;
     t->clock()->cancel(it->second.timer);
     leases.erase(it);
+    return true;
   }
 
   void on_lease_timer(const std::string& task_str, const participant_name& holder) {
@@ -148,12 +155,11 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     for (int round = 0; round < k_cas_rounds; ++round) {
       auto rec = store->get(config.ns, *task);
       if (!rec) {
-        if (rec.error().code() == errc::not_found) untrack(task_str);
+        if (rec.error().code() == errc::not_found) untrack(task_str, holder);
         return;  // unavailable: the redelivery will judge it
       }
       if (rec->state != task_state::running || rec->owner != holder.str()) {
-        untrack(task_str);
-        if (!is_terminal(rec->state)) emit_lease_lost(holder, *task);
+        if (untrack(task_str, holder) && !is_terminal(rec->state)) emit_lease_lost(holder, *task);
         return;
       }
       if (rec->lease_expires_at > now()) {  // extended elsewhere: wait for the new end
@@ -162,15 +168,29 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       }
       auto moved = expire(std::move(*rec));
       if (!moved && moved.error().code() == errc::conflict) continue;
-      untrack(task_str);
-      if (moved) emit_lease_lost(holder, *task);
+      if (untrack(task_str, holder) && moved) emit_lease_lost(holder, *task);
       return;
     }
   }
 
   void emit_lease_lost(const participant_name& holder, const task_id& task) {
-    if (!events.lease_lost) return;
-    post([cb = events.lease_lost, holder, task] { cb(holder, task); });
+    emit(events.lease_lost, holder, task);
+  }
+
+  // Runs an event on the executor unless the job queue is closed by then.
+  void emit(const std::function<void(const participant_name&, const task_id&)>& cb,
+            const participant_name& holder, const task_id& task) {
+    if (!cb) return;
+    std::weak_ptr<state> weak = weak_from_this();
+    post([weak, cb, holder, task] {
+      auto self = weak.lock();
+      if (!self) return;
+      {
+        std::lock_guard lock(self->mu);
+        if (self->closed) return;
+      }
+      cb(holder, task);
+    });
   }
 
   // ----- transitions -----------------------------------------------------------------------
@@ -262,22 +282,10 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
             (void)t->nak(msg, std::chrono::seconds(1));
             return std::nullopt;
           }
-          if (holder) {
-            bool ours = false;
-            {
-              std::lock_guard lock(mu);
-              auto it = leases.find(task->view());
-              ours = it != leases.end() && it->second.holder == *holder;
-            }
-            if (ours) {
-              untrack(task->view());
-              emit_lease_lost(*holder, *task);
-            }
-          }
-          if (is_terminal(moved->state)) {
-            (void)t->term(msg);
-            return std::nullopt;
-          }
+          if (holder && untrack(task->view(), *holder)) emit_lease_lost(*holder, *task);
+          // Ended: `expire` notified and termed it; if the notice failed, the message
+          // stays for a redelivery that sends it again.
+          if (is_terminal(moved->state)) return std::nullopt;
           return make_offer(std::move(*moved), std::move(*env), std::move(msg));
         }
         case task_state::queued: {
@@ -464,9 +472,11 @@ result<submit_result> job_queue::submit(submit_request req) {
   r.created_at = env->ts;
   r.updated_at = env->ts;
   r.job_seq = published->seq;
-  auto stored = s_->store->create(std::move(r));
-  // `conflict`: a fetch adopted it from the message already.
-  if (!stored && stored.error().code() != errc::conflict) return stored.error();
+  // The message is durable now, so the task exists whatever happens to its record: a
+  // `conflict` means a fetch adopted it already; any other failure leaves the record to
+  // be made by the fetch that adopts the message. Answering an error here would invite
+  // a second submission.
+  (void)s_->store->create(std::move(r));
   return submit_result{id, created};
 }
 
@@ -512,6 +522,7 @@ result<lease> job_queue::claim(const offer& o, const participant_name& who) {
   task_record r = o.task;
   r.state = task_state::running;
   r.attempt = o.attempt;
+  r.error.reset();  // an earlier attempt's failure is in the history
   r.owner = who.str();
   r.holders.push_back(who.str());
   r.lease_expires_at = ts + o.lease;
@@ -595,7 +606,7 @@ result<task_record> job_queue::release_lease(const task_id& task, const particip
       if (moved.error().code() == errc::conflict) continue;
       return moved;
     }
-    s_->untrack(task.view());
+    s_->untrack(task.view(), who);
     if (moved->state == task_state::queued) (void)s_->t->nak(token);
     return moved;
   }
@@ -622,6 +633,7 @@ result<completion_result> job_queue::complete(const task_id& task, const partici
     }
     rec->state = task_state::completed;
     rec->result = result_json;
+    rec->error.reset();
     rec->lease_expires_at = {};
     rec->updated_at = s_->now();
     auto stored = s_->store->update(std::move(*rec));
@@ -629,7 +641,7 @@ result<completion_result> job_queue::complete(const task_id& task, const partici
       if (stored.error().code() == errc::conflict) continue;
       return stored.error();
     }
-    s_->untrack(task.view());
+    s_->untrack(task.view(), who);
     s_->finish(*stored, ack_kind::ack);
     return completion_result{std::move(*stored), false};
   }
@@ -658,7 +670,7 @@ result<task_record> job_queue::fail(const task_id& task, const participant_name&
       if (stored.error().code() == errc::conflict) continue;
       return stored;
     }
-    s_->untrack(task.view());
+    s_->untrack(task.view(), who);
     if (again) {
       (void)s_->t->nak(token, std::max(retry_delay, duration::zero()));
     } else {
@@ -683,6 +695,7 @@ result<task_record> job_queue::cancel(const task_id& task, const viewer& by) {
     bool was_running = rec->state == task_state::running;
     auto holder = participant_name::make(rec->owner);
     rec->state = task_state::cancelled;
+    rec->error = task_error{"cancelled", fmt::format("cancelled by {}", by.who.view())};
     rec->lease_expires_at = {};
     rec->updated_at = s_->now();
     auto stored = s_->store->update(std::move(*rec));
@@ -690,19 +703,8 @@ result<task_record> job_queue::cancel(const task_id& task, const viewer& by) {
       if (stored.error().code() == errc::conflict) continue;
       return stored;
     }
-    if (was_running && holder) {
-      bool ours = false;
-      {
-        std::lock_guard lock(s_->mu);
-        auto it = s_->leases.find(task.view());
-        ours = it != s_->leases.end() && it->second.holder == *holder;
-      }
-      s_->untrack(task.view());
-      if (ours && s_->events.cancelled) {
-        auto h = *holder;
-        auto cb = s_->events.cancelled;
-        s_->post([cb, h, task] { cb(h, task); });
-      }
+    if (was_running && holder && s_->untrack(task.view(), *holder)) {
+      s_->emit(s_->events.cancelled, *holder, task);
     }
     // A queued task's message is dropped when it is next delivered.
     s_->finish(*stored, ack_kind::term);

@@ -417,9 +417,11 @@ TEST_CASE("a submission cut short after the publish is adopted, not lost", "[job
     }
     return std::nullopt;
   });
-  auto r = env.q->submit({.job = env.job, .from = env.alice, .body = R"({"a":1})"});
-  CHECK(code_of(r) == errc::unavailable);
+  // The message is stored, so the task exists: its id is the answer, not an error that
+  // would invite a second submission.
+  auto r = must(env.q->submit({.job = env.job, .from = env.alice, .body = R"({"a":1})"}));
   env.t->set_fault({});
+  CHECK(code_of(env.q->get(r.task, viewer{.who = env.alice})) == errc::not_found);
 
   auto o = env.one_offer();  // the message is there: its record is made from it
   CHECK(o.task.state == task_state::queued);
@@ -427,6 +429,7 @@ TEST_CASE("a submission cut short after the publish is adopted, not lost", "[job
   CHECK(o.task.max_attempts == 3);
   CHECK(o.env.body == R"({"a":1})");
   auto id = must(task_id::make(o.task.task));
+  CHECK(id == r.task);
   must(env.q->claim(o, env.w1));
   must(env.q->complete(id, env.w1, "1"));
   CHECK(env.record(id).state == task_state::completed);
@@ -445,9 +448,12 @@ TEST_CASE("a keyed submission cut short is finished by its retry, once", "[jobs]
       });
       submit_request req{
           .job = env.job, .from = env.alice, .body = "7", .idempotency_key = "k-" + step};
-      CHECK(code_of(env.q->submit(req)) == errc::unavailable);
+      auto first = env.q->submit(req);
+      // Cut before the publish: nothing stored, `unavailable`. After it: the task exists.
+      CHECK(code_of(first) == (step == "publish" ? errc::unavailable : errc{}));
       env.t->set_fault({});
       auto retry = must(env.q->submit(req));
+      if (first) CHECK(retry.task == first->task);
       CHECK_FALSE(retry.created);
       auto again = must(env.q->submit(req));
       CHECK(again.task == retry.task);
@@ -491,6 +497,59 @@ TEST_CASE("a notice that cannot be sent keeps the message until it is", "[jobs]"
   CHECK(env.offers().empty());
   CHECK(env.stored_messages() == 0);
   CHECK(env.notices().size() == 1);
+}
+
+TEST_CASE("a failed notice on an exhausted lease is sent again, not lost", "[jobs]") {
+  jobs_env env(1);
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  env.q->close();  // the gateway that granted the lease is gone
+  env.q = env.open_queue();
+  env.fail_notices = true;
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  CHECK(env.offers_now().empty());
+  CHECK(env.record(id).state == task_state::failed);
+  CHECK(env.stored_messages() == 1);  // kept for the notice
+  env.fail_notices = false;
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  CHECK(env.offers().empty());
+  CHECK(env.stored_messages() == 0);
+  REQUIRE(env.notices().size() == 1);
+  CHECK(env.notices()[0].type == "amp.task.failed");
+}
+
+TEST_CASE("a lease timer that loses its race leaves the new holder's lease alone", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  auto o = env.one_offer();
+  must(env.q->claim(o, env.w1));
+  std::atomic<bool> armed{true};
+  std::atomic<bool> claimed{false};
+  // While w1's lease timer is about to write, another gateway expires the lease and w2
+  // claims the task through this same job queue.
+  env.t->set_fault([&](std::string_view op, std::string_view key) -> std::optional<error> {
+    if (op != "kv_update" || key.find(id.view()) == std::string_view::npos) return std::nullopt;
+    if (!armed.exchange(false)) return std::nullopt;
+    auto r = must(env.q->store()->get(env.cfg.ns, id));
+    r.state = task_state::queued;
+    r.owner.clear();
+    r.lease_expires_at = {};
+    r = must(env.q->store()->update(r));
+    offer again = o;
+    again.task = r;
+    again.attempt = r.attempt + 1;
+    again.lapses_at = env.t->clock()->now() + env.lease();
+    claimed = env.q->claim(again, env.w2).has_value();
+    return std::nullopt;
+  });
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  REQUIRE(eventually([&] { return !armed && !env.lost().empty(); }));
+  env.t->set_fault({});
+  CHECK(claimed);
+  CHECK(env.lost() == std::vector<std::pair<std::string, std::string>>{{"w1", id.str()}});
+  CHECK(env.q->leases_of(env.w2) == std::vector<task_id>{id});
+  CHECK(must(env.q->heartbeat_all(env.w2)).size() == 1);
+  must(env.q->complete(id, env.w2, "2"));
 }
 
 TEST_CASE("tasks are visible to their submitter, holders and admins only", "[jobs]") {
