@@ -182,6 +182,13 @@ std::string task_key(const namespace_name& ns, const task_id& task) {
 std::string idempotency_key(const namespace_name& ns, std::string_view digest) {
   return fmt::format("{}.idem.{}", ns.view(), digest);
 }
+std::string budget_bucket() {
+  return "AMP_BUDGETS";
+}
+std::string budget_key(const namespace_name& ns, const participant_name& participant,
+                       std::string_view day) {
+  return fmt::format("{}.{}.{}", ns.view(), participant.view(), day);
+}
 
 result<void> check_subject(std::string_view subject) {
   return check_dotted("subject", subject, false);

@@ -87,6 +87,12 @@ std::string task_key(const namespace_name& ns, const task_id& task);
 /// `<ns>.idem.<digest>`, the task store key that binds an idempotency key to a task;
 /// `digest` is the lower-case hex SHA-256 of the submitter and the key (64 characters).
 std::string idempotency_key(const namespace_name& ns, std::string_view digest);
+/// `AMP_BUDGETS`, the bucket of per-day budget counters (shared by all namespaces).
+std::string budget_bucket();
+/// `<ns>.<participant>.<day>`, the budget counter of a participant on a UTC day
+/// (`day` is `yyyymmdd`).
+std::string budget_key(const namespace_name& ns, const participant_name& participant,
+                       std::string_view day);
 ///@}
 
 /// \name Syntax checks for raw input
