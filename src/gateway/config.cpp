@@ -1,0 +1,950 @@
+#include "amp/gateway/config.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <initializer_list>
+#include <limits>
+#include <system_error>
+#include <type_traits>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "amp/json.hpp"
+#include "detail/simdjson_adapter.hpp"
+
+namespace amp {
+namespace {
+
+namespace dom = simdjson::dom;
+using element_type = dom::element_type;
+
+struct int_range {
+  std::int64_t min;
+  std::int64_t max;
+};
+constexpr std::int64_t k_unbounded = std::numeric_limits<std::int64_t>::max();
+
+constexpr int_range k_replicas{1, 5};
+constexpr int_range k_leeway_s{0, 3600};
+constexpr int_range k_period_s{1, 86400};  // heartbeat_s, registry_ttl_s, inbox_ack_s
+constexpr int_range k_inbox_window{1, 10000};
+constexpr int_range k_lease_s{1, 86400};
+constexpr int_range k_max_attempts{1, 100};
+constexpr int_range k_decline_delay_ms{0, 86400000};
+constexpr int_range k_max_frame_bytes{1024, 64 * 1024 * 1024};
+constexpr int_range k_max_body_bytes{1, 64 * 1024 * 1024};
+constexpr int_range k_max_sessions{1, 1000000};
+constexpr int_range k_max_subscriptions{1, 10000};
+constexpr int_range k_per_day{0, k_unbounded};
+
+// A lower bound of a number: `min` itself allowed or not.
+struct number_floor {
+  double min;
+  bool inclusive;
+};
+constexpr number_floor k_rate{0, false};  // per_s, bytes_per_s
+constexpr number_floor k_burst{1, true};  // a bucket under one message never lets one pass
+
+constexpr std::size_t k_max_file_bytes = 16 * 1024 * 1024;
+constexpr std::size_t k_max_message_type = 128;
+
+unexpected fail(std::string message) {
+  return unexpected(errc::bad_request, std::move(message));
+}
+
+std::string join(std::string_view path, std::string_view key) {
+  if (path.empty()) return std::string(key);
+  std::string out;
+  out.reserve(path.size() + 1 + key.size());
+  out.append(path).append(".").append(key);
+  return out;
+}
+
+// A value for "…, not X": numbers and literals as written, strings quoted, containers by
+// kind. A secret is described by its kind only, never shown.
+std::string describe(dom::element e, bool secret = false) {
+  switch (e.type()) {
+    case element_type::INT64:
+    case element_type::UINT64:
+    case element_type::DOUBLE: return secret ? "a number" : simdjson::minify(e);
+    case element_type::STRING: {
+      const std::string_view s = e.get_string().value_unsafe();
+      if (secret) return s.empty() ? "an empty string" : "a string";
+      return amp::quoted(s);
+    }
+    case element_type::BOOL: return e.get_bool().value_unsafe() ? "true" : "false";
+    case element_type::NULL_VALUE: return "null";
+    case element_type::ARRAY:
+    case element_type::OBJECT: break;
+  }
+  return detail::type_name(e.type());
+}
+
+std::string int_expectation(int_range r) {
+  if (r.max == k_unbounded) return fmt::format("an integer of at least {}", r.min);
+  return fmt::format("an integer from {} to {}", r.min, r.max);
+}
+
+std::string number_expectation(number_floor f) {
+  return f.inclusive ? fmt::format("a number of at least {}", f.min)
+                     : fmt::format("a number greater than {}", f.min);
+}
+
+// An integer as JSON Schema sees it: an int64, or a number with no fractional part.
+std::optional<std::int64_t> integer_of(dom::element e) {
+  if (e.type() == element_type::INT64) return e.get_int64().value_unsafe();
+  std::int64_t n = 0;
+  if (e.type() == element_type::DOUBLE &&
+      detail::integral_double(e.get_double().value_unsafe(), n)) {
+    return n;
+  }
+  return std::nullopt;
+}
+
+std::optional<double> number_of(dom::element e) {
+  switch (e.type()) {
+    case element_type::INT64: return static_cast<double>(e.get_int64().value_unsafe());
+    case element_type::UINT64: return static_cast<double>(e.get_uint64().value_unsafe());
+    case element_type::DOUBLE: return e.get_double().value_unsafe();
+    default: return std::nullopt;
+  }
+}
+
+template <class T>
+struct value_of {
+  using type = T;
+};
+template <class T>
+struct value_of<std::optional<T>> {
+  using type = T;
+};
+
+// Reads an integer within `r` into `out` (an integer, or an optional one).
+template <class T>
+result<void> set_int(dom::element e, const std::string& path, int_range r, T& out) {
+  const auto n = integer_of(e);
+  if (!n || *n < r.min || *n > r.max) {
+    return fail(fmt::format("{}: must be {}, not {}", path, int_expectation(r), describe(e)));
+  }
+  out = static_cast<typename value_of<T>::type>(*n);
+  return {};
+}
+
+template <class T>
+result<void> set_number(dom::element e, const std::string& path, number_floor f, T& out) {
+  const auto n = number_of(e);
+  if (!n || !std::isfinite(*n) || (f.inclusive ? *n < f.min : !(*n > f.min))) {
+    return fail(fmt::format("{}: must be {}, not {}", path, number_expectation(f), describe(e)));
+  }
+  out = *n;
+  return {};
+}
+
+// A string that is not empty and holds no NUL (it may become a file name or a C string).
+bool usable_text(std::string_view s) {
+  return !s.empty() && s.find('\0') == std::string_view::npos;
+}
+
+result<void> set_text(dom::element e, const std::string& path, std::string& out) {
+  std::string_view s;
+  if (e.get_string().get(s) || !usable_text(s)) {
+    return fail(
+        fmt::format("{}: must be a non-empty string without NUL, not {}", path, describe(e)));
+  }
+  out.assign(s);
+  return {};
+}
+
+result<void> set_optional_text(dom::element e, const std::string& path,
+                               std::optional<std::string>& out, bool secret = false) {
+  if (e.is_null()) {
+    out.reset();
+    return {};
+  }
+  std::string_view s;
+  if (e.get_string().get(s) || !usable_text(s)) {
+    return fail(fmt::format("{}: must be a non-empty string without NUL, or null; not {}", path,
+                            describe(e, secret)));
+  }
+  out.emplace(s);
+  return {};
+}
+
+// Levenshtein distance, for "did you mean".
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string unknown_key(std::string_view path, std::string_view key,
+                        std::initializer_list<std::string_view> known) {
+  std::string message = "unknown key " + amp::quoted(join(path, key));
+  std::string_view best;
+  std::size_t best_distance = 3;  // suggest only within two edits
+  for (auto candidate : known) {
+    const auto d = edit_distance(key, candidate);
+    if (d < best_distance && d < candidate.size()) {
+      best = candidate;
+      best_distance = d;
+    }
+  }
+  if (!best.empty()) message += " (did you mean " + amp::quoted(join(path, best)) + "?)";
+  return message;
+}
+
+enum class nullable { no, yes };
+
+// Calls `fn(key, value, key_path)` for each member of the object `e` at `path`, in order,
+// after refusing a value that is not an object, a key given twice, and, when `known` is
+// not empty, a key outside `known`. The first error stops the walk.
+template <class Fn>
+result<void> for_members(dom::element e, const std::string& path,
+                         std::initializer_list<std::string_view> known, Fn&& fn,
+                         nullable null_allowed = nullable::no) {
+  dom::object object;
+  if (e.get_object().get(object)) {
+    if (path.empty()) {
+      return fail(fmt::format("the configuration must be a JSON object, not {}", describe(e)));
+    }
+    return fail(fmt::format("{}: must be an object{}, not {}", path,
+                            null_allowed == nullable::yes ? " or null" : "", describe(e)));
+  }
+  std::unordered_set<std::string_view> seen;
+  for (auto member : object) {
+    const std::string_view key = member.key;
+    if (!seen.insert(key).second) return fail("duplicate key " + amp::quoted(join(path, key)));
+    if (known.size() != 0 && std::find(known.begin(), known.end(), key) == known.end()) {
+      return fail(unknown_key(path, key, known));
+    }
+    if (auto r = fn(key, member.value, join(path, key)); !r) return r;
+  }
+  return {};
+}
+
+// `^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`; the reason it is not, or nothing.
+std::optional<std::string> message_type_problem(std::string_view type) {
+  if (type.empty()) return "message type is empty";
+  if (type.size() > k_max_message_type) {
+    return fmt::format("message type {}: is {} characters (at most {})", amp::quoted(type),
+                       type.size(), k_max_message_type);
+  }
+  for (std::size_t i = 0; i < type.size(); ++i) {
+    const char c = type[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (alnum || (i > 0 && (c == '.' || c == '_' || c == '-'))) continue;
+    return fmt::format(
+        "message type {}: {} at position {} (allowed: A-Z, a-z, 0-9, '.', '_', '-'; must start "
+        "with a letter or digit)",
+        amp::quoted(type), describe_byte(c), i);
+  }
+  return std::nullopt;
+}
+
+// --- listen -----------------------------------------------------------------------------
+
+bool is_alnum(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+}
+
+// A host name (RFC 1123 labels) or an IPv4 address; an IPv6 address without brackets.
+std::optional<std::string> host_problem(std::string_view host) {
+  if (host.empty()) return std::string("the host is missing");
+  const std::string h(host);
+  if (host.find(':') != std::string_view::npos) {
+    // An IPv6 address, perhaps with a zone (`fe80::1%eth0`).
+    const auto percent = h.find('%');
+    const std::string address = h.substr(0, percent);
+    const std::string_view zone =
+        percent == std::string::npos ? std::string_view("x") : host.substr(percent + 1);
+    in6_addr a6{};
+    const bool zone_ok = !zone.empty() && std::all_of(zone.begin(), zone.end(), [](char c) {
+      return is_alnum(c) || c == '_' || c == '-' || c == '.';
+    });
+    if (!zone_ok || inet_pton(AF_INET6, address.c_str(), &a6) != 1) {
+      return amp::quoted(host) + " is not an IPv6 address";
+    }
+    return std::nullopt;
+  }
+  if (std::all_of(host.begin(), host.end(),
+                  [](char c) { return (c >= '0' && c <= '9') || c == '.'; })) {
+    in_addr a4{};
+    if (inet_pton(AF_INET, h.c_str(), &a4) != 1) {
+      return amp::quoted(host) + " is not an IPv4 address";
+    }
+    return std::nullopt;
+  }
+  if (host.size() > 253) return amp::quoted(host) + " is not a host name (over 253 characters)";
+  std::size_t start = 0;
+  for (;;) {
+    auto end = host.find('.', start);
+    if (end == std::string_view::npos) end = host.size();
+    const auto label = host.substr(start, end - start);
+    const bool ok =
+        !label.empty() && label.size() <= 63 && label.front() != '-' && label.back() != '-' &&
+        std::all_of(label.begin(), label.end(), [](char c) { return is_alnum(c) || c == '-'; });
+    if (!ok) return amp::quoted(host) + " is not a host name";
+    if (end == host.size()) return std::nullopt;
+    start = end + 1;
+  }
+}
+
+struct host_port {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+result<host_port> parse_listen(std::string_view s) {
+  auto problem = [&](const std::string& why) {
+    return fail(
+        fmt::format("listen: {} in {}; expected \"host:port\" with a port from 1 to 65535, e.g. "
+                    "\"127.0.0.1:8080\" or \"[::1]:8080\"",
+                    why, amp::quoted(s)));
+  };
+  std::string_view host;
+  std::string_view port;
+  if (!s.empty() && s.front() == '[') {
+    const auto close = s.find(']');
+    if (close == std::string_view::npos) return problem("the IPv6 address has no closing ']'");
+    host = s.substr(1, close - 1);
+    const auto rest = s.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return problem("the port is missing");
+    if (host.find(':') == std::string_view::npos) {
+      return problem(amp::quoted(host) + " in brackets is not an IPv6 address");
+    }
+    port = rest.substr(1);
+  } else {
+    const auto colon = s.rfind(':');
+    if (colon == std::string_view::npos) return problem("the port is missing");
+    host = s.substr(0, colon);
+    port = s.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return problem("an IPv6 address must be written in brackets");
+    }
+  }
+  if (auto why = host_problem(host)) return problem(*why);
+  const bool digits =
+      !port.empty() && port.size() <= 5 &&
+      std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const int number = digits ? std::stoi(std::string(port)) : 0;
+  if (number < 1 || number > 65535) {
+    return problem(port.empty() ? std::string("the port is missing")
+                                : "the port " + amp::quoted(port) + " is not from 1 to 65535");
+  }
+  return host_port{std::string(host), static_cast<std::uint16_t>(number)};
+}
+
+// --- the sections -----------------------------------------------------------------------
+
+result<void> apply_job(dom::element e, const std::string& path, job_override& out) {
+  return for_members(
+      e, path, {"lease_s", "max_attempts", "decline_delay_ms"},
+      [&](std::string_view key, dom::element v, const std::string& p) -> result<void> {
+        if (key == "lease_s") return set_int(v, p, k_lease_s, out.lease_s);
+        if (key == "max_attempts") return set_int(v, p, k_max_attempts, out.max_attempts);
+        return set_int(v, p, k_decline_delay_ms, out.decline_delay_ms);
+      },
+      nullable::yes);
+}
+
+result<void> apply_jobs(dom::element e, const std::string& path, server_config& c) {
+  return for_members(
+      e, path, {}, [&](std::string_view key, dom::element v, const std::string& p) -> result<void> {
+        if (key == "*") {
+          if (v.is_null()) {
+            c.default_job = {};
+            return {};
+          }
+          job_override o;
+          if (auto r = apply_job(v, p, o); !r) return r;
+          c.default_job = o.over(c.default_job);
+          return {};
+        }
+        if (auto name = job_name::make(key); !name) {
+          return fail(fmt::format("{}: {}", path, name.error().message()));
+        }
+        if (v.is_null()) {
+          c.jobs.erase(std::string(key));
+          return {};
+        }
+        return apply_job(v, p, c.jobs[std::string(key)]);
+      });
+}
+
+result<void> apply_policy(dom::element e, const std::string& path, participant_policy_override& out,
+                          nullable null_allowed) {
+  return for_members(
+      e, path, {"rate", "budget"},
+      [&](std::string_view key, dom::element v, const std::string& p) -> result<void> {
+        if (key == "rate") {
+          return for_members(
+              v, p, {"per_s", "burst", "bytes_per_s"},
+              [&](std::string_view k, dom::element x, const std::string& q) -> result<void> {
+                if (k == "per_s") return set_number(x, q, k_rate, out.per_s);
+                if (k == "burst") return set_number(x, q, k_burst, out.burst);
+                return set_number(x, q, k_rate, out.bytes_per_s);
+              });
+        }
+        return for_members(
+            v, p, {"per_day"},
+            [&](std::string_view, dom::element x, const std::string& q) -> result<void> {
+              if (x.is_null()) {
+                out.per_day.emplace(std::nullopt);
+                return {};
+              }
+              const auto n = integer_of(x);
+              if (!n || *n < 0) {
+                return fail(fmt::format("{}: must be null or {}, not {}", q,
+                                        int_expectation(k_per_day), describe(x)));
+              }
+              out.per_day.emplace(*n);
+              return {};
+            });
+      },
+      null_allowed);
+}
+
+result<void> apply_policies(dom::element e, const std::string& path, server_config& c) {
+  return for_members(
+      e, path, {"default", "participants"},
+      [&](std::string_view key, dom::element v, const std::string& p) -> result<void> {
+        if (key == "default") {
+          participant_policy_override o;
+          if (auto r = apply_policy(v, p, o, nullable::no); !r) return r;
+          c.default_policy = o.over(c.default_policy);
+          return {};
+        }
+        return for_members(
+            v, p, {},
+            [&](std::string_view name, dom::element x, const std::string& q) -> result<void> {
+              if (auto valid = participant_name::make(name); !valid) {
+                return fail(fmt::format("{}: {}", p, valid.error().message()));
+              }
+              if (x.is_null()) {
+                c.participant_policies.erase(std::string(name));
+                return {};
+              }
+              return apply_policy(x, q, c.participant_policies[std::string(name)], nullable::yes);
+            });
+      });
+}
+
+result<void> apply_listen(dom::element e, server_config& c) {
+  std::string_view s;
+  if (e.get_string().get(s)) {
+    return fail(fmt::format("listen: must be a string \"host:port\", not {}", describe(e)));
+  }
+  auto hp = parse_listen(s);
+  if (!hp) return std::move(hp).error();
+  c.listen_host = std::move(hp->host);
+  c.listen_port = hp->port;
+  return {};
+}
+
+result<void> apply_tls(dom::element e, const std::string& path, server_config::tls_section& t) {
+  if (e.is_null()) {
+    t = {};
+    return {};
+  }
+  return for_members(
+      e, path, {"cert", "key"},
+      [&](std::string_view k, dom::element x, const std::string& q) {
+        return set_optional_text(x, q, k == "cert" ? t.cert : t.key);
+      },
+      nullable::yes);
+}
+
+result<void> apply_nats(dom::element e, const std::string& path,
+                        std::optional<server_config::nats_section>& nats) {
+  if (e.is_null()) {
+    nats.reset();
+    return {};
+  }
+  if (!e.is_object()) {
+    return fail(fmt::format("{}: must be an object or null, not {}", path, describe(e)));
+  }
+  auto& n = nats ? *nats : nats.emplace();
+  return for_members(
+      e, path, {"url", "creds", "replicas", "storage"},
+      [&](std::string_view k, dom::element x, const std::string& q) -> result<void> {
+        if (k == "url") return set_text(x, q, n.url);
+        if (k == "creds") return set_optional_text(x, q, n.creds);
+        if (k == "replicas") return set_int(x, q, k_replicas, n.replicas);
+        std::string_view s;
+        if (!x.get_string().get(s) && (s == "file" || s == "memory")) {
+          n.storage = s == "file" ? storage_type::file : storage_type::memory;
+          return {};
+        }
+        return fail(fmt::format("{}: must be \"file\" or \"memory\", not {}", q, describe(x)));
+      });
+}
+
+result<void> apply_auth(dom::element e, const std::string& path, server_config::auth_section& a) {
+  return for_members(
+      e, path, {"alg", "secret", "secret_file", "public_key_file", "audience", "leeway_s"},
+      [&](std::string_view k, dom::element x, const std::string& q) -> result<void> {
+        if (k == "alg") {
+          std::string_view s;
+          if (!x.get_string().get(s) && (s == "HS256" || s == "EdDSA")) {
+            a.alg = s == "HS256" ? jwt_alg::hs256 : jwt_alg::eddsa;
+            return {};
+          }
+          return fail(fmt::format("{}: must be \"HS256\" or \"EdDSA\", not {}", q, describe(x)));
+        }
+        if (k == "secret") return set_optional_text(x, q, a.secret, true);
+        if (k == "secret_file") return set_optional_text(x, q, a.secret_file);
+        if (k == "public_key_file") return set_optional_text(x, q, a.public_key_file);
+        if (k == "audience") return set_optional_text(x, q, a.audience);
+        return set_int(x, q, k_leeway_s, a.leeway_s);
+      });
+}
+
+result<void> apply_limits(dom::element e, const std::string& path,
+                          server_config::limits_section& l) {
+  auto set = [&](std::string_view k, dom::element x, const std::string& q) -> result<void> {
+    if (k == "max_frame_bytes") return set_int(x, q, k_max_frame_bytes, l.max_frame_bytes);
+    if (k == "max_body_bytes") return set_int(x, q, k_max_body_bytes, l.max_body_bytes);
+    if (k == "max_sessions") return set_int(x, q, k_max_sessions, l.max_sessions);
+    return set_int(x, q, k_max_subscriptions, l.max_subscriptions);
+  };
+  return for_members(
+      e, path, {"max_frame_bytes", "max_body_bytes", "max_sessions", "max_subscriptions"}, set);
+}
+
+result<void> apply_schemas(dom::element e, const std::string& path, server_config& c) {
+  return for_members(
+      e, path, {},
+      [&](std::string_view type, dom::element x, const std::string& q) -> result<void> {
+        if (auto why = message_type_problem(type)) {
+          return fail(fmt::format("{}: {}", path, *why));
+        }
+        if (x.is_null()) {
+          c.schemas.erase(std::string(type));
+          return {};
+        }
+        return set_text(x, q, c.schemas[std::string(type)]);
+      });
+}
+
+// Merges the configuration object `root` into `c`, checking each value on the way.
+result<void> apply_root(dom::element root, server_config& c) {
+  return for_members(
+      root, "",
+      {"listen", "tls", "nats", "auth", "heartbeat_s", "registry_ttl_s", "inbox_ack_s",
+       "inbox_window", "jobs", "limits", "policy", "schemas"},
+      [&](std::string_view key, dom::element v, const std::string& p) -> result<void> {
+        if (key == "listen") return apply_listen(v, c);
+        if (key == "tls") return apply_tls(v, p, c.tls);
+        if (key == "nats") return apply_nats(v, p, c.nats);
+        if (key == "auth") return apply_auth(v, p, c.auth);
+        if (key == "heartbeat_s") return set_int(v, p, k_period_s, c.heartbeat_s);
+        if (key == "registry_ttl_s") return set_int(v, p, k_period_s, c.registry_ttl_s);
+        if (key == "inbox_ack_s") return set_int(v, p, k_period_s, c.inbox_ack_s);
+        if (key == "inbox_window") return set_int(v, p, k_inbox_window, c.inbox_window);
+        if (key == "jobs") return apply_jobs(v, p, c);
+        if (key == "limits") return apply_limits(v, p, c.limits);
+        if (key == "policy") return apply_policies(v, p, c);
+        return apply_schemas(v, p, c);
+      });
+}
+
+// --- checks of a built value ------------------------------------------------------------
+
+result<void> check_int(const std::string& path, std::int64_t v, int_range r) {
+  if (v < r.min || v > r.max) {
+    return fail(fmt::format("{}: must be {}, not {}", path, int_expectation(r), v));
+  }
+  return {};
+}
+
+result<void> check_size(const std::string& path, std::size_t v, int_range r) {
+  if (v > static_cast<std::uint64_t>(r.max)) {
+    return fail(fmt::format("{}: must be {}, not {}", path, int_expectation(r), v));
+  }
+  return check_int(path, static_cast<std::int64_t>(v), r);
+}
+
+result<void> check_number(const std::string& path, double v, number_floor f) {
+  if (!std::isfinite(v) || (f.inclusive ? v < f.min : !(v > f.min))) {
+    return fail(fmt::format("{}: must be {}, not {}", path, number_expectation(f), v));
+  }
+  return {};
+}
+
+result<void> check_text(const std::string& path, const std::optional<std::string>& s,
+                        bool secret = false) {
+  if (!s || usable_text(*s)) return {};
+  return fail(fmt::format("{}: must be a non-empty string without NUL, or null; not {}", path,
+                          s->empty() ? "an empty string"
+                          : secret   ? "a string with NUL"
+                                     : amp::quoted(*s)));
+}
+
+result<void> check_job(const std::string& path, const job_override& o) {
+  if (o.lease_s) {
+    if (auto r = check_int(path + ".lease_s", *o.lease_s, k_lease_s); !r) return r;
+  }
+  if (o.max_attempts) {
+    if (auto r = check_int(path + ".max_attempts", *o.max_attempts, k_max_attempts); !r) return r;
+  }
+  if (o.decline_delay_ms) {
+    return check_int(path + ".decline_delay_ms", *o.decline_delay_ms, k_decline_delay_ms);
+  }
+  return {};
+}
+
+result<void> check_policy(const std::string& path, const participant_policy_override& o) {
+  if (o.per_s) {
+    if (auto r = check_number(path + ".rate.per_s", *o.per_s, k_rate); !r) return r;
+  }
+  if (o.burst) {
+    if (auto r = check_number(path + ".rate.burst", *o.burst, k_burst); !r) return r;
+  }
+  if (o.bytes_per_s) {
+    if (auto r = check_number(path + ".rate.bytes_per_s", *o.bytes_per_s, k_rate); !r) return r;
+  }
+  if (o.per_day && *o.per_day && **o.per_day < 0) {
+    return fail(fmt::format("{}.budget.per_day: must be null or {}, not {}", path,
+                            int_expectation(k_per_day), **o.per_day));
+  }
+  return {};
+}
+
+participant_policy_override as_override(const participant_policy& p) {
+  return {p.rate.per_s, p.rate.burst, p.rate.bytes_per_s, p.budget.per_day};
+}
+
+job_override as_override(const job_settings& j) {
+  return {j.lease_s, j.max_attempts, j.decline_delay_ms};
+}
+
+std::string resolve_path(const std::filesystem::path& base, const std::string& p) {
+  const std::filesystem::path path(p);
+  if (base.empty() || path.is_absolute()) return p;
+  return (base / path).string();
+}
+
+}  // namespace
+
+participant_policy participant_policy_override::over(const participant_policy& base) const {
+  participant_policy out = base;
+  if (per_s) out.rate.per_s = *per_s;
+  if (burst) out.rate.burst = *burst;
+  if (bytes_per_s) out.rate.bytes_per_s = *bytes_per_s;
+  if (per_day) out.budget.per_day = *per_day;
+  return out;
+}
+
+job_config job_settings::to_job_config() const {
+  return job_config{.lease = std::chrono::seconds(lease_s),
+                    .max_attempts = max_attempts,
+                    .decline_delay = std::chrono::milliseconds(decline_delay_ms)};
+}
+
+job_settings job_override::over(const job_settings& base) const {
+  job_settings out = base;
+  if (lease_s) out.lease_s = *lease_s;
+  if (max_attempts) out.max_attempts = *max_attempts;
+  if (decline_delay_ms) out.decline_delay_ms = *decline_delay_ms;
+  return out;
+}
+
+std::string server_config::listen() const {
+  if (listen_host.find(':') != std::string::npos) {
+    return fmt::format("[{}]:{}", listen_host, listen_port);
+  }
+  return fmt::format("{}:{}", listen_host, listen_port);
+}
+
+job_settings server_config::job(std::string_view name) const {
+  auto it = jobs.find(name);
+  return it == jobs.end() ? default_job : it->second.over(default_job);
+}
+
+participant_policy server_config::policy_for(std::string_view participant) const {
+  auto it = participant_policies.find(participant);
+  return it == participant_policies.end() ? default_policy : it->second.over(default_policy);
+}
+
+policy_config server_config::to_policy_config() const {
+  policy_config out;
+  out.default_policy = default_policy;
+  for (const auto& [name, o] : participant_policies) {
+    out.participants.emplace(name, o.over(default_policy));
+  }
+  if (nats) {
+    out.storage = nats->storage;
+    out.replicas = nats->replicas;
+  } else {
+    out.storage = storage_type::memory;
+    out.replicas = 1;
+  }
+  return out;
+}
+
+broker_config server_config::broker_for(const namespace_name& ns) const {
+  broker_config out{.ns = ns};
+  if (nats) {
+    out.storage = nats->storage;
+    out.replicas = nats->replicas;
+  } else {
+    out.storage = storage_type::memory;
+    out.replicas = 1;
+  }
+  out.inbox_ack_wait = std::chrono::seconds(inbox_ack_s);
+  out.inbox_window = inbox_window;
+  out.registry_ttl = std::chrono::seconds(registry_ttl_s);
+  out.default_job = default_job.to_job_config();
+  for (const auto& [name, o] : jobs) out.jobs.emplace(name, o.over(default_job).to_job_config());
+  return out;
+}
+
+result<void> check_server_config(const server_config& c) {
+  // listen
+  if (auto why = host_problem(c.listen_host)) {
+    return fail(fmt::format("listen: {} (the host of {})", *why, amp::quoted(c.listen())));
+  }
+  if (c.listen_port == 0) return fail("listen: the port must be from 1 to 65535, not 0");
+
+  // tls
+  if (auto r = check_text("tls.cert", c.tls.cert); !r) return r;
+  if (auto r = check_text("tls.key", c.tls.key); !r) return r;
+  if (c.tls.cert && !c.tls.key) return fail("tls.key: required when tls.cert is given");
+  if (c.tls.key && !c.tls.cert) return fail("tls.cert: required when tls.key is given");
+
+  // nats
+  if (c.nats) {
+    const auto& url = c.nats->url;
+    const bool url_ok =
+        usable_text(url) &&
+        std::none_of(
+            url.begin(), url.end(),
+            [](char ch) { return static_cast<unsigned char>(ch) <= 0x20 || ch == 0x7f; }) &&
+        url.front() != ',' && url.back() != ',' && url.find(",,") == std::string::npos;
+    if (!url_ok) {
+      return fail(fmt::format(
+          "nats.url: must be a URL such as \"nats://127.0.0.1:4222\", or several separated by "
+          "commas, without spaces; not {}",
+          amp::quoted(url)));
+    }
+    if (auto r = check_text("nats.creds", c.nats->creds); !r) return r;
+    if (auto r = check_int("nats.replicas", c.nats->replicas, k_replicas); !r) return r;
+  }
+
+  // auth
+  const auto& a = c.auth;
+  if (auto r = check_text("auth.secret", a.secret, true); !r) return r;
+  if (auto r = check_text("auth.secret_file", a.secret_file); !r) return r;
+  if (auto r = check_text("auth.public_key_file", a.public_key_file); !r) return r;
+  if (auto r = check_text("auth.audience", a.audience); !r) return r;
+  if (auto r = check_int("auth.leeway_s", a.leeway_s, k_leeway_s); !r) return r;
+  if (a.alg == jwt_alg::hs256) {
+    if (a.secret && a.secret_file) {
+      return fail("auth.secret_file: give auth.secret or auth.secret_file, not both");
+    }
+    if (a.public_key_file) {
+      return fail(
+          "auth.public_key_file: only used with auth.alg \"EdDSA\", and auth.alg is "
+          "\"HS256\"");
+    }
+  } else if (a.alg == jwt_alg::eddsa) {
+    for (const auto& [key, value] :
+         {std::pair{"auth.secret", &a.secret}, std::pair{"auth.secret_file", &a.secret_file}}) {
+      if (*value) {
+        return fail(
+            fmt::format("{}: only used with auth.alg \"HS256\", and auth.alg is \"EdDSA\"", key));
+      }
+    }
+    if (!a.public_key_file) {
+      return fail("auth.public_key_file: required when auth.alg is \"EdDSA\"");
+    }
+  } else {
+    return fail("auth.alg: must be \"HS256\" or \"EdDSA\"");
+  }
+
+  // periods
+  if (auto r = check_int("heartbeat_s", c.heartbeat_s, k_period_s); !r) return r;
+  if (auto r = check_int("registry_ttl_s", c.registry_ttl_s, k_period_s); !r) return r;
+  if (auto r = check_int("inbox_ack_s", c.inbox_ack_s, k_period_s); !r) return r;
+  if (auto r = check_int("inbox_window", c.inbox_window, k_inbox_window); !r) return r;
+  if (c.registry_ttl_s <= c.heartbeat_s) {
+    return fail(fmt::format("registry_ttl_s: must be greater than heartbeat_s ({}), not {}",
+                            c.heartbeat_s, c.registry_ttl_s));
+  }
+
+  // jobs
+  if (auto r = check_job("jobs.*", as_override(c.default_job)); !r) return r;
+  for (const auto& [name, o] : c.jobs) {
+    if (auto valid = job_name::make(name); !valid) {
+      return fail("jobs: " + valid.error().message());
+    }
+    if (auto r = check_job(join("jobs", name), o); !r) return r;
+  }
+
+  // limits
+  const auto& l = c.limits;
+  if (auto r = check_size("limits.max_frame_bytes", l.max_frame_bytes, k_max_frame_bytes); !r) {
+    return r;
+  }
+  if (auto r = check_size("limits.max_body_bytes", l.max_body_bytes, k_max_body_bytes); !r) {
+    return r;
+  }
+  if (auto r = check_size("limits.max_sessions", l.max_sessions, k_max_sessions); !r) return r;
+  if (auto r = check_size("limits.max_subscriptions", l.max_subscriptions, k_max_subscriptions);
+      !r) {
+    return r;
+  }
+  if (l.max_body_bytes > l.max_frame_bytes) {
+    return fail(
+        fmt::format("limits.max_body_bytes: must be at most limits.max_frame_bytes ({}), not {}",
+                    l.max_frame_bytes, l.max_body_bytes));
+  }
+
+  // policy
+  if (auto r = check_policy("policy.default", as_override(c.default_policy)); !r) return r;
+  for (const auto& [name, o] : c.participant_policies) {
+    if (auto valid = participant_name::make(name); !valid) {
+      return fail("policy.participants: " + valid.error().message());
+    }
+    if (auto r = check_policy(join("policy.participants", name), o); !r) return r;
+  }
+
+  // schemas
+  for (const auto& [type, file] : c.schemas) {
+    if (auto why = message_type_problem(type)) return fail("schemas: " + *why);
+    if (!usable_text(file)) {
+      return fail(fmt::format("{}: must be a non-empty string without NUL, not {}",
+                              join("schemas", type), amp::quoted(file)));
+    }
+  }
+  return {};
+}
+
+result<server_config> parse_server_config(std::string_view json) {
+  // A UTF-8 byte order mark, as some editors write, is ignored (RFC 8259 allows it).
+  if (json.starts_with("\xEF\xBB\xBF")) json.remove_prefix(3);
+  dom::parser parser;
+  dom::element root;
+  if (auto code = parser.parse(json.data(), json.size()).get(root)) {
+    return detail::not_json_error(code);
+  }
+  server_config c;
+  if (auto r = apply_root(root, c); !r) return std::move(r).error();
+  if (auto r = check_server_config(c); !r) return std::move(r).error();
+  return c;
+}
+
+result<server_config> load_server_config(const std::string& path) {
+  auto cannot_read = [&](const std::string& why) {
+    return fail(fmt::format("cannot read {}: {}", path, why));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return cannot_read(std::generic_category().message(errno));
+  struct closer {
+    int handle;
+    ~closer() { ::close(handle); }
+  } close_on_return{fd};
+
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return cannot_read(std::generic_category().message(errno));
+  if (S_ISDIR(st.st_mode)) return cannot_read(std::generic_category().message(EISDIR));
+
+  std::string text;
+  char buffer[65536];
+  for (;;) {
+    const auto n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return cannot_read(std::generic_category().message(errno));
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+    if (text.size() > k_max_file_bytes) {
+      return cannot_read(fmt::format("larger than {} bytes", k_max_file_bytes));
+    }
+  }
+
+  auto parsed = parse_server_config(text);
+  if (!parsed) return fail(fmt::format("{}: {}", path, parsed.error().message()));
+  auto& c = *parsed;
+  const auto base = std::filesystem::path(path).parent_path();
+  for (auto* p : {&c.tls.cert, &c.tls.key, &c.auth.secret_file, &c.auth.public_key_file}) {
+    if (*p) *p = resolve_path(base, **p);
+  }
+  if (c.nats && c.nats->creds) c.nats->creds = resolve_path(base, *c.nats->creds);
+  for (auto& [type, file] : c.schemas) file = resolve_path(base, file);
+  return parsed;
+}
+
+result<void> set_config_value(server_config& config, std::string_view dotted_key,
+                              std::string_view value_json) {
+  const std::string shown =
+      std::all_of(dotted_key.begin(), dotted_key.end(),
+                  [](char c) { return c > 0x20 && c < 0x7f && c != '"' && c != '\\'; }) &&
+              !dotted_key.empty()
+          ? std::string(dotted_key)
+          : amp::quoted(dotted_key);
+
+  // "schemas.review.request": after "schemas." the rest is one message type.
+  std::vector<std::string_view> segments;
+  std::string_view rest = dotted_key;
+  for (;;) {
+    if (segments.size() == 1 && segments.front() == "schemas") {
+      segments.push_back(rest);
+      break;
+    }
+    const auto dot = rest.find('.');
+    segments.push_back(rest.substr(0, dot));
+    if (dot == std::string_view::npos) break;
+    rest.remove_prefix(dot + 1);
+  }
+  if (std::any_of(segments.begin(), segments.end(), [](auto s) { return s.empty(); })) {
+    return fail(fmt::format("{}: not a key (an empty part between dots)", shown));
+  }
+
+  if (auto valid = json_check(value_json); !valid) {
+    std::string hint;
+    const auto first = value_json.find_first_not_of(" \t\r\n");
+    if (first == std::string_view::npos ||
+        std::string_view("{[\"").find(value_json[first]) == std::string_view::npos) {
+      hint = " (the value is JSON: write a string in double quotes)";
+    }
+    return fail(fmt::format("{}: {}{}", shown, valid.error().message(), hint));
+  }
+
+  std::string text;
+  for (auto s : segments) text.append("{").append(json_quote(s)).append(":");
+  text.append(value_json);
+  text.append(segments.size(), '}');
+
+  dom::parser parser;
+  dom::element root;
+  if (auto code = parser.parse(text.data(), text.size()).get(root)) {
+    return fail(fmt::format("{}: {}", shown, detail::not_json_error(code).message()));
+  }
+  server_config changed = config;
+  if (auto r = apply_root(root, changed); !r) return r;
+  config = std::move(changed);
+  return {};
+}
+
+}  // namespace amp
