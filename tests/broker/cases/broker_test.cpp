@@ -60,9 +60,10 @@ TEST_CASE("a task's end reaches its submitter's inbox from $broker", "[broker]")
         R"({"task":")" + failed.str() +
             R"(","job":"resize","state":"failed","attempt":1,)"
             R"("error":{"code":"bad_image","message":"cannot decode"}})");
-  CHECK(bodies["amp.task.cancelled"] == R"({"task":")" + cancelled.str() +
-                                            R"(","job":"resize","state":"cancelled","attempt":0,)"
-                                            R"("error":null})");
+  CHECK(bodies["amp.task.cancelled"] ==
+        R"({"task":")" + cancelled.str() +
+            R"(","job":"resize","state":"cancelled","attempt":0,)"
+            R"("error":{"code":"cancelled","message":"cancelled by alice"}})");
 }
 
 TEST_CASE("two brokers on one namespace share its tasks and messages", "[broker]") {
