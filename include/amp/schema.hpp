@@ -17,11 +17,13 @@ struct schema_access;
 
 /// A parsed JSON Schema, draft 7.
 ///
-/// Supported: what valijson supports of draft 7 (no remote `$ref`; `format` is not
-/// checked). `pattern` and `patternProperties` use `std::regex` (ECMAScript grammar);
-/// libstdc++ matches recursively, so an unbounded repetition (`.*`, `[a-z]+`) applied to
-/// a string of some tens of thousands of characters can exhaust the stack: prefer bounded
-/// repetitions (`{0,64}`) together with `maxLength` in schemas that face untrusted input.
+/// Supported: what valijson supports of draft 7 (no remote `$ref`). valijson checks
+/// `format` for `date`, `time` and `date-time` with unbounded patterns: avoid `format` in
+/// schemas that face untrusted input (amp's own schemas do). `pattern` and `patternProperties` use
+/// `std::regex` (ECMAScript grammar); libstdc++ matches recursively, so an unbounded repetition
+/// (`.*`, `[a-z]+`) applied to a string of some tens of thousands of characters can exhaust the
+/// stack: prefer bounded repetitions (`{0,64}`) together with `maxLength` in schemas that face
+/// untrusted input.
 ///
 /// Threads: a schema is immutable once parsed; `validate` may be called on one schema
 /// from any number of threads at once. Copies are cheap and share the parsed schema.

@@ -7,7 +7,7 @@ namespace amp::detail {
 
 /// A JSON Schema compiled into the library from the repository's `schemas/` folder.
 struct embedded_schema {
-  std::string_view name;  ///< file name without `.json`, e.g. `envelope`
+  std::string_view name;  ///< path under `schemas/` without `.json`: `envelope`, `frames/send`
   std::string_view text;  ///< the schema document
 };
 
