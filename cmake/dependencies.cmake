@@ -11,3 +11,8 @@ if(NOT TARGET PkgConfig::NATS)
   pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
 endif()
 find_package(OpenSSL REQUIRED)
+# websocketpp (for the WebSocket server) is optional: without it amp::websocketpp is absent.
+find_package(websocketpp CONFIG QUIET)
+if(websocketpp_FOUND)
+  include(${CMAKE_CURRENT_LIST_DIR}/websocketpp.cmake)
+endif()
