@@ -4,7 +4,6 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
-#include <future>
 #include <mutex>
 #include <unordered_map>
 #include <utility>
@@ -15,6 +14,7 @@
 
 #include "amp/subjects.hpp"
 #include "amp/timestamp.hpp"
+#include "detail/wait_for.hpp"
 
 namespace amp {
 namespace {
@@ -95,15 +95,6 @@ std::optional<std::int64_t> parse_count(std::string_view s) {
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
   if (ec != std::errc{} || p != s.data() + s.size() || n < 0) return std::nullopt;
   return n;
-}
-
-// Runs an asynchronous call and waits for its completion.
-template <class T, class Start>
-result<T> wait_for(Start&& start) {
-  auto promise = std::make_shared<std::promise<result<T>>>();
-  auto future = promise->get_future();
-  start([promise](result<T> r) { promise->set_value(std::move(r)); });
-  return future.get();
 }
 
 struct rate_bucket {
@@ -583,7 +574,8 @@ void policy::async_spend_budget(const namespace_name& ns, const participant_name
 
 result<budget_spend> policy::spend_budget(const namespace_name& ns,
                                           const participant_name& participant) {
-  return wait_for<budget_spend>([&](auto h) { impl_->async_spend(ns, participant, std::move(h)); });
+  return detail::wait_for<budget_spend>(
+      [&](auto h) { impl_->async_spend(ns, participant, std::move(h)); });
 }
 
 void policy::async_refund_budget(const budget_spend& spend, completion<void> done) {
@@ -591,7 +583,7 @@ void policy::async_refund_budget(const budget_spend& spend, completion<void> don
 }
 
 result<void> policy::refund_budget(const budget_spend& spend) {
-  return wait_for<void>([&](auto h) { impl_->async_refund(spend, std::move(h)); });
+  return detail::wait_for<void>([&](auto h) { impl_->async_refund(spend, std::move(h)); });
 }
 
 std::size_t policy::held_rate_buckets() const {
