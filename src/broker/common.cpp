@@ -127,7 +127,10 @@ void write_task_error(json_writer& w, const std::optional<task_error>& e) {
   w.end_object();
 }
 
-result<void> check_body_and_sender(std::string_view body, std::string_view from) {
+namespace {
+
+// The checks that come before the envelope schema, in the spec's order.
+result<void> check_parts(std::string_view body, std::string_view from, std::string_view reply_to) {
   if (body.empty()) return unexpected(errc::bad_request, "body is missing");
   // One JSON value and nothing else, so the body cannot add members to the envelope.
   if (auto r = json_check(body); !r) {
@@ -138,8 +141,15 @@ result<void> check_body_and_sender(std::string_view body, std::string_view from)
       return unexpected(errc::invalid_name, "from: " + r.error().message());
     }
   }
+  if (!reply_to.empty()) {
+    if (auto r = participant_name::make(reply_to); !r) {
+      return unexpected(errc::invalid_name, "reply_to: " + r.error().message());
+    }
+  }
   return {};
 }
+
+}  // namespace
 
 result<envelope> seal_envelope(envelope_parts parts, std::string_view ns, time_point now) {
   envelope e;
@@ -153,7 +163,7 @@ result<envelope> seal_envelope(envelope_parts parts, std::string_view ns, time_p
   e.headers = std::move(parts.headers);
   e.reply_to = std::move(parts.reply_to);
   e.correlation = std::move(parts.correlation);
-  if (auto r = check_body_and_sender(e.body, e.from); !r) return r.error();
+  if (auto r = check_parts(e.body, e.from, e.reply_to); !r) return r.error();
   return parse_envelope(to_json(e));
 }
 

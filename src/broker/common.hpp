@@ -61,11 +61,6 @@ std::string dedup_id(std::string_view from, std::string_view to, std::string_vie
 // Writes a task's error as `{"code","message"}`, or null.
 void write_task_error(json_writer& w, const std::optional<task_error>& e);
 
-// The first checks of anything a caller sends, in the spec's order: `bad_request` when
-// `body` is missing or not exactly one JSON value; `invalid_name` ("from: ...") when `from`
-// is neither a participant name nor `$broker`.
-result<void> check_body_and_sender(std::string_view body, std::string_view from);
-
 // The caller's parts of an envelope.
 struct envelope_parts {
   std::string from;
@@ -78,9 +73,11 @@ struct envelope_parts {
   std::string correlation{};
 };
 
-// The envelope as it will be stored: id, ns and ts filled in, then checked against the
-// envelope schema (so `invalid_envelope` names the failing member; `bad_request` when
-// `body` is not JSON). The body comes back minified.
+// The envelope as it will be stored: id, ns and ts filled in, then checked in the spec's
+// order: `bad_request` when `body` is missing or not exactly one JSON value; `invalid_name`
+// ("from: ...", "reply_to: ...") when `from` is neither a participant name nor `$broker`,
+// or `reply_to` is not a participant name; then the envelope schema (`invalid_envelope`
+// naming the failing member). The body comes back minified.
 result<envelope> seal_envelope(envelope_parts parts, std::string_view ns, time_point now);
 
 }  // namespace amp::detail

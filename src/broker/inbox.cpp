@@ -415,12 +415,6 @@ struct prepared {
 };
 
 result<prepared> prepare(inbox_send msg, const inbox_core& core) {
-  if (auto r = detail::check_body_and_sender(msg.body, msg.from); !r) return r.error();
-  if (!msg.reply_to.empty()) {
-    if (auto r = participant_name::make(msg.reply_to); !r) {
-      return unexpected(errc::invalid_name, "reply_to: " + r.error().message());
-    }
-  }
   const auto& ns = core.settings->ns;
   auto subject = subjects::inbox_subject(ns, msg.to);
   auto to = msg.to.str();

@@ -20,8 +20,7 @@ struct prepared {
 };
 
 result<prepared> prepare(const namespace_name& ns, time_point now, topic_message msg) {
-  // The spec's order: shape (bad_request), then names, then the envelope.
-  if (auto r = detail::check_body_and_sender(msg.body, msg.from); !r) return r.error();
+  // seal_envelope checks in the spec's order: shape, then names, then the envelope.
   auto env = detail::seal_envelope({.from = std::move(msg.from),
                                     .to = msg.to.str(),
                                     .body = std::move(msg.body),
