@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/checks.hpp"
 #include "support/nats_server.hpp"
 
 extern char** environ;
@@ -28,6 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using amp::testing::eventually;
 using amp::testing::nats_cluster;
 using amp::testing::nats_server;
 
@@ -124,17 +126,6 @@ class js_client {
   jsCtx* js_ = nullptr;
   natsStatus status_ = NATS_OK;
 };
-
-/// Retries `attempt` (returning true on success) until it succeeds or `timeout` passes.
-template <class F>
-bool eventually(std::chrono::milliseconds timeout, F attempt) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (attempt()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(100ms);
-  }
-}
 
 /// True once no process `pid` runs (a zombie nobody reaps counts as gone).
 bool process_gone(pid_t pid) {

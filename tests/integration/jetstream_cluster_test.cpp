@@ -32,23 +32,13 @@ namespace {
 
 using namespace std::chrono_literals;
 using amp::errc;
+using amp::testing::eventually;
 using amp::testing::nats_cluster;
 using steady = std::chrono::steady_clock;
 
 using amp::testing::code_of;
 using amp::testing::must;
 using amp::testing::text_of;
-
-/// Retries `attempt` (true on success) until it succeeds or `timeout` passes.
-template <class F>
-bool eventually(std::chrono::milliseconds timeout, F attempt) {
-  auto deadline = steady::now() + timeout;
-  for (;;) {
-    if (attempt()) return true;
-    if (steady::now() >= deadline) return false;
-    std::this_thread::sleep_for(50ms);
-  }
-}
 
 /// Calls `op` until it answers something other than `unavailable`, for at most `timeout`.
 template <class F>

@@ -33,6 +33,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using amp::errc;
+using amp::testing::eventually;
 using amp::testing::nats_server;
 using steady = std::chrono::steady_clock;
 
@@ -53,17 +54,6 @@ std::shared_ptr<amp::transport> connect(const nats_server& server) {
   INFO("connect: " << text_of(t));
   REQUIRE(t.has_value());
   return *t;
-}
-
-/// Retries `attempt` (true on success) until it succeeds or `timeout` passes.
-template <class F>
-bool eventually(std::chrono::milliseconds timeout, F attempt) {
-  auto deadline = steady::now() + timeout;
-  for (;;) {
-    if (attempt()) return true;
-    if (steady::now() >= deadline) return false;
-    std::this_thread::sleep_for(50ms);
-  }
 }
 
 /// Polls ping() until the transport reaches the server again.

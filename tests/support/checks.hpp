@@ -4,8 +4,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <source_location>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "amp/error.hpp"
@@ -53,6 +55,19 @@ inline void must(amp::result<void> r,
   if (!r.has_value()) {
     FAIL("expected success at " << where.file_name() << ":" << where.line() << ", got "
                                 << r.error().to_string());
+  }
+}
+
+/// Retries `attempt` (true on success) every `poll` until it succeeds or `timeout` passes;
+/// true when it succeeded. For what a backend does on its own threads, in real time.
+template <class F>
+bool eventually(std::chrono::milliseconds timeout, F&& attempt,
+                std::chrono::milliseconds poll = std::chrono::milliseconds(50)) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (attempt()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(poll);
   }
 }
 

@@ -45,12 +45,7 @@ inline job_name jname(std::string_view s) {
 /// events that a backend delivers on its own threads; never a stand-in for `fx.advance`.
 inline bool eventually(const std::function<bool()>& condition,
                        std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-  auto until = std::chrono::steady_clock::now() + timeout;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
+  return amp::testing::eventually(timeout, condition, std::chrono::milliseconds(5));
 }
 
 /// Collects what a callback receives (events arrive on backend threads), in order.
