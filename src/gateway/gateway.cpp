@@ -1,0 +1,449 @@
+// The gateway of one process: configuration, namespaces, offers, presence fan-out,
+// readiness, metrics and shutdown. The protocol of a session is in session.cpp.
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "amp/json.hpp"
+#include "amp/timestamp.hpp"
+#include "gateway/gateway_state.hpp"
+
+namespace amp {
+
+namespace {
+
+// How long one fetch of offers waits for work before the gateway asks again.
+constexpr auto k_fetch_wait = std::chrono::seconds(1);
+// After a failed fetch, the gateway waits this long before it tries again.
+constexpr auto k_fetch_retry = std::chrono::seconds(1);
+// The most offers one fetch asks for.
+constexpr std::size_t k_max_fetch = 256;
+
+result<std::string> read_file(const std::string& key, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return error(errc::bad_request, fmt::format("{}: cannot read {}", key, path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A secret file holds the secret, and perhaps the newline an editor adds after it.
+std::string without_final_newline(std::string s) {
+  if (!s.empty() && s.back() == '\n') s.pop_back();
+  if (!s.empty() && s.back() == '\r') s.pop_back();
+  return s;
+}
+
+bool eligible(const detail::worker& w, const job_name& job,
+              const std::map<std::string, registry_entry, std::less<>>& live, time_point now) {
+  if (!w.registered || w.slots <= w.busy()) return false;
+  if (std::find(w.jobs.begin(), w.jobs.end(), job) == w.jobs.end()) return false;
+  auto it = live.find(w.who);
+  return it != live.end() && it->second.expires_at > now;
+}
+
+std::string presence_frame(const presence_event& ev) {
+  json_writer w;
+  w.begin_object().key("op").string("presence").key("participant").string(ev.participant.view());
+  w.key("state").string(to_string(ev.state)).key("reason").string(to_string(ev.reason));
+  w.key("entry").raw(to_json(ev.entry)).end_object();
+  return w.take();
+}
+
+std::string offer_frame(const offer& o) {
+  json_writer w;
+  w.begin_object().key("op").string("offer").key("task").string(o.task.task);
+  w.key("job").string(o.task.job).key("attempt").integer(o.attempt);
+  w.key("max_attempts").integer(o.task.max_attempts);
+  w.key("lease_s").integer(std::chrono::duration_cast<std::chrono::seconds>(o.lease).count());
+  w.key("envelope").raw(to_json(o.env)).end_object();
+  return w.take();
+}
+
+std::string task_push(std::string_view op, const task_id& task) {
+  return fmt::format("{{\"op\":\"{}\",\"task\":{}}}", op, json_quote(task.view()));
+}
+
+}  // namespace
+
+void gateway::impl::post(std::function<void()> work) {
+  in_flight.fetch_add(1);
+  run([self = shared_from_this(), work = std::move(work)] {
+    try {
+      work();
+    } catch (const std::exception& e) {
+      self->log("error", "internal", fmt::format("\"what\":{}", json_quote(e.what())));
+    }
+    self->in_flight.fetch_sub(1);
+  });
+}
+
+void gateway::impl::log(std::string_view level, std::string_view event, std::string_view fields) {
+  if (!opts.log) return;
+  auto line = fmt::format("{{\"ts\":\"{}\",\"level\":\"{}\",\"event\":\"{}\"{}{}}}",
+                          format_timestamp(std::chrono::system_clock::now()), level, event,
+                          fields.empty() ? "" : ",", fields);
+  opts.log(log_line{.level = level, .event = event, .json = line});
+}
+
+void gateway::impl::check_ready() {
+  bool ok = opts.backend->ping().has_value();
+  if (ok != ready.exchange(ok)) {
+    log(ok ? "info" : "warn", ok ? "backend_ready" : "backend_unreachable");
+  }
+  if (shutting_down) return;
+  std::weak_ptr<impl> weak = shared_from_this();
+  ready_timer = clk->call_at(clk->now() + opts.readiness_interval, [weak] {
+    if (auto self = weak.lock()) self->post([self] { self->check_ready(); });
+  });
+}
+
+result<std::shared_ptr<detail::ns_state>> gateway::impl::ns_for(const namespace_name& ns) {
+  std::shared_ptr<ns_slot> slot;
+  {
+    std::lock_guard lock(mu);
+    auto& s = namespaces[ns.str()];
+    if (!s) s = std::make_shared<ns_slot>();
+    slot = s;
+  }
+  std::lock_guard opening(slot->opening);
+  if (slot->state) return slot->state;
+
+  auto st = std::make_shared<detail::ns_state>(ns);
+  std::weak_ptr<detail::ns_state> weak_st = st;
+  std::weak_ptr<impl> weak_gw = shared_from_this();
+  // A lease that ran out, or a task cancelled under its holder: tell the holder's sessions
+  // that hold it (or, if none does, every session of the holder here).
+  auto tell_holder = [weak_gw, weak_st](std::string_view op, const participant_name& holder,
+                                        const task_id& task) {
+    auto gw = weak_gw.lock();
+    auto state = weak_st.lock();
+    if (!gw || !state) return;
+    std::vector<std::shared_ptr<session::impl>> targets;
+    std::vector<job_name> jobs;
+    {
+      std::lock_guard lock(state->mu);
+      for (auto& [key, w] : state->workers) {
+        if (w.who == holder.view() && w.leases.erase(task.str()) > 0) {
+          if (auto s = w.s.lock()) targets.push_back(std::move(s));
+          jobs.insert(jobs.end(), w.jobs.begin(), w.jobs.end());
+        }
+      }
+      if (targets.empty()) {
+        for (auto& [key, w] : state->workers) {
+          if (w.who != holder.view()) continue;
+          if (auto s = w.s.lock()) targets.push_back(std::move(s));
+        }
+      }
+    }
+    for (auto& s : targets) detail::push(*s, task_push(op, task), op);
+    gw->pump_all(state, jobs);
+  };
+  job_events events;
+  events.lease_lost = [weak_gw, tell_holder](const participant_name& holder, const task_id& task) {
+    if (auto gw = weak_gw.lock()) {
+      gw->metrics.lease_expiry();
+      gw->log("info", "lease_expired",
+              fmt::format("\"participant\":{},\"task\":{}", json_quote(holder.view()),
+                          json_quote(task.view())));
+    }
+    tell_holder("lease_lost", holder, task);
+  };
+  events.cancelled = [tell_holder](const participant_name& holder, const task_id& task) {
+    tell_holder("cancelled", holder, task);
+  };
+
+  auto config = opts.config.broker_for(ns);
+  config.run = run;
+  auto b = timed([&] { return broker::open(opts.backend, config, events); });
+  if (!b) {
+    log("error", "backend_error",
+        fmt::format("\"ns\":{},\"code\":\"{}\",\"message\":{}", json_quote(ns.view()),
+                    to_string(b.error().code()), json_quote(b.error().message())));
+    return b.error();
+  }
+  st->b = *b;
+
+  // The registry as this gateway sees it: who is live (for offers), and presence events
+  // for the sessions that watch.
+  // Events may come before `watch` returns the start state: an entry they changed is not
+  // overwritten by that older state.
+  struct start_state {
+    bool started = false;
+    std::set<std::string, std::less<>> touched;
+  };
+  auto start = std::make_shared<start_state>();
+  auto on_presence = [weak_gw, weak_st, start](const presence_event& ev) {
+    auto gw = weak_gw.lock();
+    auto state = weak_st.lock();
+    if (!gw || !state) return;
+    std::vector<job_name> up_jobs;
+    {
+      std::lock_guard lock(state->mu);
+      if (!start->started) start->touched.insert(ev.participant.str());
+      if (ev.state == presence_state::up) {
+        state->live.insert_or_assign(ev.participant.str(), ev.entry);
+        up_jobs = ev.entry.jobs;
+      } else {
+        state->live.erase(ev.participant.str());
+      }
+      auto frame = presence_frame(ev);
+      for (auto it = state->watchers.begin(); it != state->watchers.end();) {
+        auto s = it->second.lock();
+        if (!s) {
+          it = state->watchers.erase(it);
+          continue;
+        }
+        detail::push(*s, frame, "presence");
+        ++it;
+      }
+    }
+    if (!up_jobs.empty()) {
+      gw->post([gw, state, up_jobs] { gw->pump_all(state, up_jobs); });
+    }
+  };
+  std::vector<registry_entry> now;
+  auto watch = st->b->registry().watch(on_presence, &now);
+  if (!watch) return watch.error();
+  {
+    std::lock_guard lock(st->mu);
+    for (auto& e : now) {
+      if (!start->touched.contains(e.participant.view()))
+        st->live.try_emplace(e.participant.str(), e);
+    }
+    start->started = true;
+    start->touched.clear();
+  }
+  st->presence = std::move(*watch);
+  slot->state = st;
+  log("info", "namespace_open", fmt::format("\"ns\":{}", json_quote(ns.view())));
+  return st;
+}
+
+void gateway::impl::pump_all(const std::shared_ptr<detail::ns_state>& ns,
+                             const std::vector<job_name>& jobs) {
+  for (const auto& j : jobs) pump(ns, j);
+}
+
+void gateway::impl::pump(const std::shared_ptr<detail::ns_state>& st, const job_name& job) {
+  if (shutting_down) return;
+  std::size_t free = 0;
+  auto now = clk->now();
+  {
+    std::lock_guard lock(st->mu);
+    if (st->fetching.contains(job.view()) || st->retry_armed.contains(job.view())) return;
+    for (const auto& [key, w] : st->workers) {
+      if (eligible(w, job, st->live, now)) free += static_cast<std::size_t>(w.slots - w.busy());
+    }
+    if (free == 0) return;
+    st->fetching.insert(job.str());
+  }
+  auto self = shared_from_this();
+  in_flight.fetch_add(1);
+  st->b->jobs().async_fetch(job, std::min(free, k_max_fetch), k_fetch_wait,
+                            [self, st, job](result<std::vector<offer>> r) {
+                              self->deliver_offers(st, job, std::move(r));
+                              self->in_flight.fetch_sub(1);
+                            });
+}
+
+void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, const job_name& job,
+                                   result<std::vector<offer>> r) {
+  {
+    std::lock_guard lock(st->mu);
+    st->fetching.erase(job.str());
+  }
+  if (!r) {
+    log("warn", "backend_error",
+        fmt::format("\"ns\":{},\"job\":{},\"op\":\"fetch\",\"code\":\"{}\",\"message\":{}",
+                    json_quote(st->ns.view()), json_quote(job.view()), to_string(r.error().code()),
+                    json_quote(r.error().message())));
+    {
+      std::lock_guard lock(st->mu);
+      if (!st->retry_armed.insert(job.str()).second) return;
+    }
+    std::weak_ptr<impl> weak = shared_from_this();
+    clk->call_at(clk->now() + k_fetch_retry, [weak, st, job] {
+      auto self = weak.lock();
+      if (!self) return;
+      {
+        std::lock_guard lock(st->mu);
+        st->retry_armed.erase(job.str());
+      }
+      self->post([self, st, job] { self->pump(st, job); });
+    });
+    return;
+  }
+  for (auto& o : *r) {
+    std::shared_ptr<session::impl> target;
+    {
+      std::lock_guard lock(st->mu);
+      auto now = clk->now();
+      detail::worker* best = nullptr;
+      for (auto& [key, w] : st->workers) {
+        if (!eligible(w, job, st->live, now)) continue;
+        // least loaded first: busy/slots, compared without division; ties by name
+        if (!best || std::int64_t{w.busy()} * best->slots < std::int64_t{best->busy()} * w.slots ||
+            (std::int64_t{w.busy()} * best->slots == std::int64_t{best->busy()} * w.slots &&
+             w.who < best->who)) {
+          best = &w;
+        }
+      }
+      if (best) target = best->s.lock();
+      if (target) {
+        std::weak_ptr<impl> weak = shared_from_this();
+        std::weak_ptr<session::impl> weak_s = target;
+        auto task = o.task.task;
+        auto seq = o.msg.seq;
+        auto lapse = clk->call_at(o.lapses_at, [weak, st, weak_s, task, seq] {
+          auto self = weak.lock();
+          if (!self) return;
+          self->post([self, st, weak_s, task, seq] {
+            std::optional<offer> lapsed;
+            {
+              std::lock_guard held(st->mu);
+              auto s = weak_s.lock();
+              if (!s) return;
+              auto wit = st->workers.find(s.get());
+              if (wit == st->workers.end()) return;
+              auto it = wit->second.offers.find(task);
+              if (it == wit->second.offers.end() || it->second.o.msg.seq != seq) return;
+              lapsed = std::move(it->second.o);
+              wit->second.offers.erase(it);
+            }
+            self->offer_done(st, *lapsed, true);
+          });
+        });
+        best->offers.insert_or_assign(o.task.task, detail::open_offer{.o = o, .lapse = lapse});
+      }
+    }
+    if (!target) {
+      (void)timed([&] { return st->b->jobs().release(o); });
+      continue;
+    }
+    metrics.offer();
+    detail::push(*target, offer_frame(o), "offer");
+  }
+  post([self = shared_from_this(), st, job] { self->pump(st, job); });
+}
+
+void gateway::impl::offer_done(const std::shared_ptr<detail::ns_state>& st, const offer& o,
+                               bool release) {
+  if (release && !shutting_down) (void)timed([&] { return st->b->jobs().release(o); });
+  if (auto j = job_name::make(o.task.job)) pump(st, *j);
+}
+
+// ---- gateway ------------------------------------------------------------------------------
+
+gateway::gateway(std::shared_ptr<impl> p) : impl_(std::move(p)) {}
+
+gateway::~gateway() {
+  shutdown();
+}
+
+result<std::shared_ptr<gateway>> gateway::open(gateway_options options) {
+  if (!options.backend) return error(errc::bad_request, "gateway_options.backend is required");
+  if (auto r = check_server_config(options.config); !r) return r.error();
+  const auto& c = options.config;
+  auth_config ac;
+  ac.alg = c.auth.alg;
+  if (c.auth.secret) ac.secret = *c.auth.secret;
+  if (c.auth.secret_file) {
+    auto text = read_file("auth.secret_file", *c.auth.secret_file);
+    if (!text) return text.error();
+    ac.secret = without_final_newline(std::move(*text));
+  }
+  if (c.auth.public_key_file) {
+    auto text = read_file("auth.public_key_file", *c.auth.public_key_file);
+    if (!text) return text.error();
+    ac.public_key_pem = std::move(*text);
+  }
+  if (c.auth.audience) ac.audience = *c.auth.audience;
+  ac.leeway = std::chrono::seconds(c.auth.leeway_s);
+  auto auth = authenticator::make(ac);
+  if (!auth) return error(errc::bad_request, fmt::format("auth: {}", auth.error().message()));
+
+  auto p = std::make_shared<impl>();
+  for (const auto& [type, path] : c.schemas) {
+    auto key = fmt::format("schemas.{}", type);
+    auto text = read_file(key, path);
+    if (!text) return text.error();
+    auto schema = json_schema::parse(*text);
+    if (!schema)
+      return error(errc::bad_request,
+                   fmt::format("{}: {}: {}", key, path, schema.error().message()));
+    p->body_schemas.emplace(type, std::move(*schema));
+  }
+  auto pol = policy::open(options.backend, c.to_policy_config());
+  if (!pol) return error(pol.error().code(), fmt::format("policy: {}", pol.error().message()));
+
+  p->opts = std::move(options);
+  p->auth = std::move(*auth);
+  p->pol = std::move(*pol);
+  p->clk = p->opts.backend->clock();
+  if (p->opts.run) {
+    p->run = p->opts.run;
+  } else {
+    p->pool = std::make_shared<detail::worker_pool>(p->opts.workers);
+    std::weak_ptr<detail::worker_pool> weak = p->pool;
+    p->run = [weak](std::function<void()> work) {
+      if (auto pool = weak.lock()) pool->post(std::move(work));
+    };
+  }
+  p->check_ready();
+  return std::make_shared<gateway>(p);
+}
+
+std::shared_ptr<session> gateway::open_session(std::shared_ptr<session_carrier> carrier) {
+  auto id = detail::unique_id("sess_", impl_->clk->now());
+  impl_->pending_connections.fetch_add(1);
+  auto s = detail::new_session(impl_, std::move(carrier), id);
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->all_sessions.emplace(s.get(), s);
+  }
+  if (impl_->shutting_down) detail::close(*s, close_code::going_away, "shutting down");
+  return std::make_shared<session>(std::move(s));
+}
+
+std::size_t gateway::sessions() const noexcept {
+  return static_cast<std::size_t>(std::max<std::int64_t>(0, impl_->metrics.sessions()));
+}
+
+bool gateway::ready() const noexcept {
+  return impl_->ready.load() && !impl_->shutting_down.load();
+}
+
+std::string gateway::metrics_text() const {
+  return impl_->metrics.render(impl_->pending_connections.load());
+}
+
+const server_config& gateway::config() const noexcept {
+  return impl_->opts.config;
+}
+
+void gateway::shutdown() {
+  if (impl_->shutting_down.exchange(true)) return;
+  impl_->clk->cancel(impl_->ready_timer);
+  impl_->log("info", "shutdown", fmt::format("\"sessions\":{}", impl_->metrics.sessions()));
+  std::vector<std::shared_ptr<session::impl>> all;
+  {
+    std::lock_guard lock(impl_->mu);
+    for (auto& [key, weak] : impl_->all_sessions) {
+      if (auto s = weak.lock()) all.push_back(std::move(s));
+    }
+  }
+  for (auto& s : all) detail::close(*s, close_code::going_away, "server shutting down");
+  // Work in flight ends on its own (a fetch waits at most k_fetch_wait); bounded wait.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (impl_->in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace amp

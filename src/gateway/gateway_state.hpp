@@ -1,0 +1,131 @@
+#pragma once
+
+// What the gateway and its sessions share (private to src/gateway). Lock order, outermost
+// first: ns_state::mu, then session::impl::mu, then session::impl::out_mu. Nothing is held
+// across a blocking backend call.
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "amp/broker/broker.hpp"
+#include "amp/gateway/auth.hpp"
+#include "amp/gateway/policy.hpp"
+#include "amp/gateway/session.hpp"
+#include "amp/schema.hpp"
+#include "broker/common.hpp"
+#include "gateway/metrics.hpp"
+
+namespace amp {
+namespace detail {
+
+// An offer sent to a session and neither claimed nor declined yet.
+struct open_offer {
+  offer o;
+  timer_id lapse = 0;
+};
+
+// A session's part in the job work of its namespace: what it registered, the offers open
+// to it and the leases it holds (claimed through it, or extended through it).
+struct worker {
+  std::weak_ptr<session::impl> s;
+  std::string who;  // the participant
+  bool registered = false;
+  std::vector<job_name> jobs;
+  int slots = 0;
+  std::string meta = "{}";
+  std::map<std::string, open_offer, std::less<>> offers;
+  std::set<std::string, std::less<>> leases;
+
+  int busy() const { return static_cast<int>(offers.size() + leases.size()); }
+};
+
+// One namespace served by this gateway: its broker, the registry as this gateway sees it,
+// and the job work of its sessions.
+struct ns_state {
+  namespace_name ns;
+  std::shared_ptr<broker> b;
+  std::unique_ptr<subscription> presence;  // the registry watch
+
+  std::mutex mu;
+  std::map<std::string, registry_entry, std::less<>> live;  // participant -> entry
+  std::map<const void*, std::weak_ptr<session::impl>> watchers;
+  std::map<const void*, worker> workers;           // every authenticated session
+  std::set<std::string, std::less<>> fetching;     // jobs with a fetch in flight
+  std::set<std::string, std::less<>> retry_armed;  // jobs waiting to fetch again after an error
+
+  explicit ns_state(namespace_name n) : ns(std::move(n)) {}
+};
+
+// What the gateway asks of a session (defined with it in session.cpp).
+std::shared_ptr<session::impl> new_session(std::shared_ptr<gateway::impl> gw,
+                                           std::shared_ptr<session_carrier> carrier,
+                                           std::string id);
+// Sends a frame the client must get (a push); false when the session is closing.
+bool push(session::impl& s, std::string frame, std::string_view op);
+void close(session::impl& s, int code, std::string reason);
+const std::string& id_of(const session::impl& s);
+
+}  // namespace detail
+
+struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
+  gateway_options opts;
+  std::optional<authenticator> auth;
+  std::shared_ptr<policy> pol;
+  std::map<std::string, json_schema, std::less<>> body_schemas;
+  std::shared_ptr<detail::worker_pool> pool;
+  executor run;
+  std::shared_ptr<amp::clock> clk;
+  detail::gateway_metrics metrics;
+
+  std::mutex mu;
+  struct ns_slot {
+    std::mutex opening;
+    std::shared_ptr<detail::ns_state> state;
+  };
+  std::map<std::string, std::shared_ptr<ns_slot>, std::less<>> namespaces;
+  std::map<const void*, std::weak_ptr<session::impl>> all_sessions;
+
+  std::atomic<bool> ready{false};
+  std::atomic<bool> shutting_down{false};
+  std::atomic<std::int64_t> pending_connections{0};
+  std::atomic<std::int64_t> in_flight{0};  // executor work not finished yet
+  timer_id ready_timer = 0;
+
+  // Runs `work` on the executor, counted in `in_flight` (shutdown waits for it).
+  void post(std::function<void()> work);
+  // The namespace, its broker opened on first use. Blocks.
+  result<std::shared_ptr<detail::ns_state>> ns_for(const namespace_name& ns);
+  // Offers work of `job` to the free slots of the sessions of `ns`.
+  void pump(const std::shared_ptr<detail::ns_state>& ns, const job_name& job);
+  void deliver_offers(const std::shared_ptr<detail::ns_state>& ns, const job_name& job,
+                      result<std::vector<offer>> r);
+  void pump_all(const std::shared_ptr<detail::ns_state>& ns, const std::vector<job_name>& jobs);
+  // A session's offer is over (claimed elsewhere, lapsed, declined or its session left):
+  // hand it back to the queue when `release`, then offer again.
+  void offer_done(const std::shared_ptr<detail::ns_state>& ns, const offer& o, bool release);
+  // Times a backend call into `amp_backend_seconds`.
+  template <class F>
+  auto timed(F&& f) {
+    auto start = std::chrono::steady_clock::now();
+    auto r = f();
+    metrics.backend(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return r;
+  }
+  // One structured log line; `fields` is a list of JSON members without braces
+  // (`"session":"…","code":…`), possibly empty.
+  void log(std::string_view level, std::string_view event, std::string_view fields = {});
+  void check_ready();
+};
+
+}  // namespace amp

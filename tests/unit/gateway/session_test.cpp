@@ -1,0 +1,595 @@
+// The session gateway driven frame by frame (spec amp.v1), on the memory transport with a
+// manual clock: every op, every error code, the order of the checks.
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "unit/gateway/session_rig.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using amp::testing::frame;
+using amp::testing::gateway_rig;
+using amp::testing::wire;
+
+}  // namespace
+
+TEST_CASE("hello answers with the session's facts; other ops before it are unauthenticated",
+          "[session]") {
+  gateway_rig rig;
+  auto w = rig.open();
+  auto early = w.request(R"({"op":"send","id":1,"to":"bob","body":1})", "1");
+  CHECK(early.code() == "unauthenticated");
+  CHECK_FALSE(w.carrier->close_code.has_value());
+
+  auto ok = w.request(R"({"op":"hello","id":2,"token":")" + rig.token("alice") + "\"}", "2");
+  REQUIRE(ok.op() == "ok");
+  CHECK(ok.str("/participant") == "alice");
+  CHECK(ok.str("/ns") == "demo");
+  CHECK(ok.num("/heartbeat_s") == 10);
+  CHECK(ok.num("/registry_ttl_s") == 30);
+  CHECK(ok.num("/max_frame_bytes") == 1048576);
+  CHECK(ok.str("/server") == "amp-test/1");
+  CHECK(ok.str("/session") == w.s->id());
+  CHECK(rig.gw->sessions() == 1);
+
+  auto again = w.request(R"({"op":"hello","id":3,"token":")" + rig.token("alice") + "\"}", "3");
+  CHECK(again.code() == "bad_request");
+}
+
+TEST_CASE("a failed hello is unauthenticated and closes with 4401", "[session]") {
+  gateway_rig rig;
+  auto w = rig.open();
+  auto bad = w.request(R"({"op":"hello","id":1,"token":"not.a.token"})", "1");
+  CHECK(bad.code() == "unauthenticated");
+  CHECK(w.carrier->close_code == 4401);
+  CHECK(rig.gw->sessions() == 0);
+
+  auto other = rig.open();
+  auto forged = amp::testing::must(
+      amp::mint_token({.sub = "alice", .ns = "demo", .exp = rig.clock->now() + 1h},
+                      amp::jwt_alg::hs256, "another-secret-another-secret-another"));
+  CHECK(other.request(R"({"op":"hello","id":1,"token":")" + forged + "\"}", "1").code() ==
+        "unauthenticated");
+  CHECK(other.carrier->close_code == 4401);
+}
+
+TEST_CASE("no hello within 5 s: unauthenticated with id null, close 4401", "[session]") {
+  gateway_rig rig;
+  auto w = rig.open();
+  rig.clock->advance(4900ms);
+  CHECK_FALSE(w.carrier->close_code.has_value());
+  rig.clock->advance(200ms);
+  auto e = w.next("error");
+  REQUIRE(e);
+  CHECK(e->code() == "unauthenticated");
+  CHECK(e->raw("/id") == "null");
+  CHECK(w.carrier->close_code == 4401);
+
+  auto in_time = rig.connect("alice");
+  rig.clock->advance(10s);
+  CHECK_FALSE(in_time.carrier->close_code.has_value());
+}
+
+TEST_CASE("over max_sessions hello is limit_exceeded and closes with 1013", "[session]") {
+  gateway_rig rig([](amp::server_config& c) { c.limits.max_sessions = 2; });
+  auto a = rig.connect("a");
+  auto b = rig.connect("b");
+  auto c = rig.open();
+  auto r = c.request(R"({"op":"hello","id":1,"token":")" + rig.token("c") + "\"}", "1");
+  CHECK(r.code() == "limit_exceeded");
+  CHECK(c.carrier->close_code == 1013);
+  a.s->closed();
+  auto d = rig.connect("d");  // a's place is free again
+  CHECK(rig.gw->sessions() == 2);
+}
+
+TEST_CASE("bad frames are bad_request, with id null when the id cannot be used; the session stays",
+          "[session]") {
+  gateway_rig rig;
+  auto w = rig.connect("alice");
+  w.send("{nope");
+  auto e = w.next("error");
+  REQUIRE(e);
+  CHECK(e->code() == "bad_request");
+  CHECK(e->raw("/id") == "null");
+  w.send("[1,2]");
+  CHECK(w.next("error")->code() == "bad_request");
+  w.send(R"({"op":"who","id":{"x":1}})");
+  e = w.next("error");
+  CHECK(e->code() == "bad_request");
+  CHECK(e->raw("/id") == "null");
+  w.send(R"({"op":"who","id":")" + std::string(65, 'x') + "\"}");
+  CHECK(w.next("error")->raw("/id") == "null");
+  CHECK(w.request(R"({"op":"frobnicate","id":7})", "7").code() == "bad_request");
+  CHECK(w.request(R"({"id":8})", "8").code() == "bad_request");
+  CHECK(w.request(R"({"op":"send","id":9,"body":1})", "9").code() == "bad_request");
+  // type before name, name before grant
+  CHECK(w.request(R"({"op":"send","id":10,"to":42,"body":1})", "10").code() == "bad_request");
+  auto none = rig.connect("nobody", "{}");
+  CHECK(none.request(R"({"op":"send","id":11,"to":"Bob","body":1})", "11").code() ==
+        "invalid_name");
+  CHECK(none.request(R"({"op":"send","id":12,"to":"bob","body":1})", "12").code() == "forbidden");
+  w.s->receive_binary();
+  e = w.next("error");
+  REQUIRE(e);
+  CHECK(e->code() == "bad_request");
+  CHECK(e->raw("/id") == "null");
+  // a request without id gets no ok, but its failure is reported with id null
+  w.send(R"({"op":"who"})");
+  CHECK(w.count("ok") == 0);
+  w.send(R"({"op":"ack","seq":999})");
+  e = w.next("error");
+  REQUIRE(e);
+  CHECK(e->code() == "not_found");
+  CHECK(e->raw("/id") == "null");
+  CHECK(w.request(R"({"op":"who","id":-5})", "-5").op() == "ok");
+  CHECK_FALSE(w.carrier->close_code.has_value());
+}
+
+TEST_CASE(
+    "send stamps from, dedups msg_id, delivers to every session of the recipient; ack and nack",
+    "[session]") {
+  gateway_rig rig;
+  auto alice = rig.connect("alice");
+  auto bob1 = rig.connect("bob");
+  auto bob2 = rig.connect("bob");
+  auto sent = alice.request(
+      R"({"op":"send","id":1,"to":"bob","from":"mallory","body":{"x":1},"type":"review.request",)"
+      R"("headers":{"k":"v"},"msg_id":"m-1","reply_to":"alice","correlation":"c-1"})",
+      "1");
+  REQUIRE(sent.op() == "ok");
+  CHECK(sent.str("/msg_id") == "m-1");
+  CHECK_FALSE(sent.flag("/duplicate"));
+  auto seq = sent.num("/seq");
+  for (auto* b : {&bob1, &bob2}) {
+    auto m = b->next("message");
+    REQUIRE(m);
+    CHECK(m->num("/seq") == seq);
+    CHECK(m->num("/delivery") == 1);
+    CHECK(m->str("/envelope/from") == "alice");
+    CHECK(m->str("/envelope/to") == "bob");
+    CHECK(m->str("/envelope/id") == "m-1");
+    CHECK(m->str("/envelope/ns") == "demo");
+    CHECK(m->raw("/envelope/body") == R"({"x":1})");
+    CHECK(m->str("/envelope/headers/k") == "v");
+    CHECK(m->str("/envelope/correlation") == "c-1");
+  }
+  auto dup = alice.request(R"({"op":"send","id":2,"to":"bob","body":{"x":2},"msg_id":"m-1"})", "2");
+  CHECK(dup.flag("/duplicate"));
+  CHECK(dup.num("/seq") == seq);
+  CHECK(bob1.count("message") == 0);
+
+  CHECK(bob1.request(R"({"op":"nack","id":3,"seq":)" + std::to_string(seq) + "}", "3").op() ==
+        "ok");
+  auto again = bob2.next("message");
+  REQUIRE(again);
+  CHECK(again->num("/delivery") == 2);
+  CHECK(bob2.request(R"({"op":"ack","id":4,"seq":)" + std::to_string(seq) + "}", "4").op() == "ok");
+  CHECK(bob1.request(R"({"op":"ack","id":5,"seq":)" + std::to_string(seq) + "}", "5").code() ==
+        "not_found");
+}
+
+TEST_CASE(
+    "unacked inbox messages come again after inbox_ack_s; messages wait for an absent recipient",
+    "[session]") {
+  gateway_rig rig([](amp::server_config& c) { c.inbox_ack_s = 5; });
+  auto alice = rig.connect("alice");
+  REQUIRE(alice.request(R"({"op":"send","id":1,"to":"carol","body":"hi"})", "1").op() == "ok");
+  auto carol = rig.connect("carol");
+  auto m = carol.next("message");
+  REQUIRE(m);
+  CHECK(m->raw("/envelope/body") == R"("hi")");
+  rig.clock->advance(6s);
+  auto again = carol.next("message");
+  REQUIRE(again);
+  CHECK(again->num("/delivery") == 2);
+}
+
+TEST_CASE("payload_too_large, invalid_envelope and body schemas come in the spec's order",
+          "[session]") {
+  gateway_rig rig([](amp::server_config& c) { c.limits.max_body_bytes = 64; });
+  auto w = rig.connect("alice");
+  auto big = w.request(R"({"op":"send","id":1,"to":"bob","type":"bad type!","body":")" +
+                           std::string(100, 'x') + "\"}",
+                       "1");
+  CHECK(big.code() == "payload_too_large");
+  auto bad_type = w.request(R"({"op":"send","id":2,"to":"bob","type":"bad type!","body":1})", "2");
+  CHECK(bad_type.code() == "invalid_envelope");
+  CHECK(bad_type.str("/path") == "/type");
+  auto bad_header =
+      w.request(R"({"op":"publish","id":3,"topic":"news.eu","headers":{"":"v"},"body":1})", "3");
+  CHECK(bad_header.code() == "invalid_envelope");
+}
+
+TEST_CASE("publish and subscribe with replay; ok comes before the events; sub names", "[session]") {
+  gateway_rig rig([](amp::server_config& c) { c.limits.max_subscriptions = 2; });
+  auto pub = rig.connect("pub");
+  for (int i = 0; i < 3; ++i) {
+    auto r = pub.request(
+        R"({"op":"publish","id":1,"topic":"news.eu","body":)" + std::to_string(i) + "}", "1");
+    REQUIRE(r.op() == "ok");
+  }
+  REQUIRE(pub.request(R"({"op":"publish","id":2,"topic":"sport.eu","body":9})", "2").op() == "ok");
+  auto sub = rig.connect("sub", R"({"subscribe":["news.>"]})");
+  sub.send(R"({"op":"subscribe","id":3,"topic":"news.*","from":"all"})");
+  sub.collect();
+  REQUIRE(sub.seen.size() == 4);
+  CHECK(sub.seen[0].op() == "ok");
+  auto name = sub.seen[0].str("/sub");
+  CHECK(name == "s1");
+  for (int i = 0; i < 3; ++i) {
+    CHECK(sub.seen[1 + i].op() == "event");
+    CHECK(sub.seen[1 + i].str("/sub") == name);
+    CHECK(sub.seen[1 + i].raw("/envelope/body") == std::to_string(i));
+    CHECK(sub.seen[1 + i].str("/topic") == "news.eu");
+  }
+  sub.seen.clear();
+  CHECK(sub.request(R"({"op":"subscribe","id":4,"topic":">","sub":"x"})", "4").code() ==
+        "forbidden");
+  CHECK(sub.request(R"({"op":"subscribe","id":5,"topic":"news.eu","sub":"s1"})", "5").code() ==
+        "conflict");
+  CHECK(
+      sub.request(R"({"op":"subscribe","id":6,"topic":"news.eu","sub":"last","from":"last"})", "6")
+          .op() == "ok");
+  auto last = sub.next("event");
+  REQUIRE(last);
+  CHECK(last->raw("/envelope/body") == "2");
+  CHECK(sub.request(R"({"op":"subscribe","id":7,"topic":"news.eu"})", "7").code() ==
+        "limit_exceeded");
+  CHECK(sub.request(R"({"op":"unsubscribe","id":8,"sub":"last"})", "8").op() == "ok");
+  CHECK(sub.request(R"({"op":"unsubscribe","id":9,"sub":"last"})", "9").code() == "not_found");
+  REQUIRE(pub.request(R"({"op":"publish","id":10,"topic":"news.eu","body":3,"msg_id":"d"})", "10")
+              .op() == "ok");
+  auto dup =
+      pub.request(R"({"op":"publish","id":11,"topic":"news.eu","body":3,"msg_id":"d"})", "11");
+  CHECK(dup.flag("/duplicate"));
+  CHECK(sub.count("event") == 1);
+  CHECK(pub.request(R"({"op":"publish","id":12,"topic":"news.*","body":1})", "12").code() ==
+        "invalid_name");
+}
+
+TEST_CASE("a subscriber that does not read is dropped with the seq to resume from", "[session]") {
+  gateway_rig rig({}, 4096);
+  auto pub = rig.connect("pub");
+  auto sub = rig.connect("sub");
+  REQUIRE(sub.request(R"({"op":"subscribe","id":1,"topic":"feed","sub":"f"})", "1").op() == "ok");
+  REQUIRE(pub.request(R"({"op":"publish","id":1,"topic":"feed","body":1})", "1").op() == "ok");
+  REQUIRE(sub.next("event"));
+  sub.carrier->buffered = 4000;  // the client stopped reading
+  auto second = pub.request(R"({"op":"publish","id":2,"topic":"feed","body":2})", "2");
+  auto dropped = sub.next("sub_dropped");
+  REQUIRE(dropped);
+  CHECK(dropped->str("/sub") == "f");
+  CHECK(dropped->str("/reason") == "slow_consumer");
+  CHECK(dropped->num("/last_seq") == second.num("/seq") - 1);
+  sub.carrier->buffered = 0;
+  auto resumed = sub.request(R"({"op":"subscribe","id":2,"topic":"feed","sub":"f","from":{"seq":)" +
+                                 std::to_string(dropped->num("/last_seq") + 1) + "}}",
+                             "2");
+  REQUIRE(resumed.op() == "ok");
+  auto ev = sub.next("event");
+  REQUIRE(ev);
+  CHECK(ev->num("/seq") == second.num("/seq"));
+}
+
+TEST_CASE("a client whose frames pile up past four times the limit is closed with 1008",
+          "[session]") {
+  gateway_rig rig({}, 1024);
+  auto alice = rig.connect("alice");
+  auto bob = rig.connect("bob");
+  bob.carrier->buffered = 5000;
+  REQUIRE(alice.request(R"({"op":"send","id":1,"to":"bob","body":1})", "1").op() == "ok");
+  CHECK(bob.carrier->close_code == 1008);
+}
+
+TEST_CASE("jobs: offer, claim, complete, and the submitter's notice", "[session]") {
+  gateway_rig rig;
+  auto worker = rig.connect("w1");
+  auto reg = worker.request(R"({"op":"register","id":1,"jobs":["resize"],"slots":2})", "1");
+  REQUIRE(reg.op() == "ok");
+  CHECK(reg.num("/expires_in_s") == 30);
+  auto producer = rig.connect("prod");
+  auto sub = producer.request(
+      R"({"op":"submit","id":2,"job":"resize","body":{"w":640},"type":"img.resize"})", "2");
+  REQUIRE(sub.op() == "ok");
+  CHECK(sub.flag("/created"));
+  auto task = sub.str("/task");
+  auto offer = worker.next("offer");
+  REQUIRE(offer);
+  CHECK(offer->str("/task") == task);
+  CHECK(offer->str("/job") == "resize");
+  CHECK(offer->num("/attempt") == 1);
+  CHECK(offer->num("/max_attempts") == 3);
+  CHECK(offer->num("/lease_s") == 30);
+  CHECK(offer->str("/envelope/from") == "prod");
+  CHECK(offer->str("/envelope/to") == "resize");
+  CHECK(offer->raw("/envelope/body") == R"({"w":640})");
+
+  auto claim = worker.request(R"({"op":"claim","id":3,"task":")" + task + "\"}", "3");
+  REQUIRE(claim.op() == "ok");
+  CHECK(claim.num("/attempt") == 1);
+  CHECK(claim.has("/lease_expires_at"));
+  CHECK(worker.request(R"({"op":"claim","id":4,"task":")" + task + "\"}", "4").code() ==
+        "not_found");
+
+  auto hb = worker.request(R"({"op":"heartbeat","id":5})", "5");
+  REQUIRE(hb.op() == "ok");
+  CHECK(hb.str("/leases/0/task") == task);
+  auto one = worker.request(R"({"op":"heartbeat","id":6,"task":")" + task + "\"}", "6");
+  CHECK(one.str("/task") == task);
+
+  auto done = worker.request(
+      R"({"op":"complete","id":7,"task":")" + task + R"(","result":{"ok":true}})", "7");
+  REQUIRE(done.op() == "ok");
+  CHECK(done.str("/state") == "completed");
+  auto again = worker.request(
+      R"({"op":"complete","id":8,"task":")" + task + R"(","result":{"ok":true}})", "8");
+  CHECK(again.flag("/duplicate"));
+
+  auto notice = producer.next("message");
+  REQUIRE(notice);
+  CHECK(notice->str("/envelope/from") == "$broker");
+  CHECK(notice->str("/envelope/type") == "amp.task.completed");
+  CHECK(notice->str("/envelope/body/task") == task);
+  CHECK(notice->raw("/envelope/body/result") == R"({"ok":true})");
+
+  auto record =
+      producer.request(R"({"op":"task","id":9,"task":")" + task + R"(","history":true})", "9");
+  REQUIRE(record.op() == "ok");
+  CHECK(record.str("/task/state") == "completed");
+  CHECK(record.str("/history/0/state") == "queued");
+  auto stranger = rig.connect("stranger");
+  CHECK(stranger.request(R"({"op":"task","id":10,"task":")" + task + "\"}", "10").code() ==
+        "not_found");
+  auto admin = rig.connect("root", R"({"admin":true})");
+  CHECK(admin.request(R"({"op":"task","id":11,"task":")" + task + "\"}", "11").op() == "ok");
+}
+
+TEST_CASE(
+    "the lease-expiry story: claim, silence, lease_lost, offered again, late complete refused",
+    "[session]") {
+  gateway_rig rig([](amp::server_config& c) {
+    c.default_job.lease_s = 10;
+    c.default_job.max_attempts = 2;
+    c.registry_ttl_s = 600;
+  });
+  auto worker = rig.connect("w1");
+  REQUIRE(worker.request(R"({"op":"register","id":1,"jobs":["resize"]})", "1").op() == "ok");
+  auto producer = rig.connect("prod");
+  auto task =
+      producer.request(R"({"op":"submit","id":2,"job":"resize","body":1})", "2").str("/task");
+  REQUIRE(worker.next("offer"));
+  REQUIRE(worker.request(R"({"op":"claim","id":3,"task":")" + task + "\"}", "3").op() == "ok");
+  rig.clock->advance(11s);
+  auto lost = worker.next("lease_lost");
+  REQUIRE(lost);
+  CHECK(lost->str("/task") == task);
+  rig.clock->advance(2s);
+  auto offer = worker.next("offer");
+  REQUIRE(offer);
+  CHECK(offer->num("/attempt") == 2);
+  CHECK(worker.request(R"({"op":"complete","id":4,"task":")" + task + "\"}", "4").code() ==
+        "lease_lost");
+  // the second claim is the last attempt; its lease runs out too: failed, attempts_exhausted
+  REQUIRE(worker.request(R"({"op":"claim","id":5,"task":")" + task + "\"}", "5").op() == "ok");
+  rig.clock->advance(11s);
+  REQUIRE(worker.next("lease_lost"));
+  rig.clock->advance(5s);
+  auto notice = producer.next("message");
+  REQUIRE(notice);
+  CHECK(notice->str("/envelope/type") == "amp.task.failed");
+  CHECK(notice->str("/envelope/body/error/code") == "attempts_exhausted");
+}
+
+TEST_CASE("decline offers again without an attempt; an unclaimed offer lapses; fail with retry",
+          "[session]") {
+  gateway_rig rig([](amp::server_config& c) {
+    c.default_job.lease_s = 10;
+    c.default_job.decline_delay_ms = 500;
+    c.registry_ttl_s = 600;
+  });
+  auto worker = rig.connect("w1");
+  REQUIRE(worker.request(R"({"op":"register","id":1,"jobs":["j"]})", "1").op() == "ok");
+  auto producer = rig.connect("prod");
+  auto task = producer.request(R"({"op":"submit","id":2,"job":"j","body":1,"max_attempts":5})", "2")
+                  .str("/task");
+  REQUIRE(worker.next("offer"));
+  CHECK(worker.request(R"({"op":"decline","id":3,"task":")" + task + "\"}", "3").op() == "ok");
+  rig.clock->advance(600ms);
+  auto again = worker.next("offer");
+  REQUIRE(again);
+  CHECK(again->num("/attempt") == 1);
+  rig.clock->advance(10s);  // lapses, unclaimed
+  rig.clock->advance(1s);
+  auto third = worker.next("offer");
+  REQUIRE(third);
+  CHECK(third->num("/attempt") == 1);
+  REQUIRE(worker.request(R"({"op":"claim","id":4,"task":")" + task + "\"}", "4").op() == "ok");
+  auto failed = worker.request(
+      R"({"op":"fail","id":5,"task":")" + task +
+          R"(","error":{"code":"oops","message":"no"},"retry":true,"retry_delay_ms":100})",
+      "5");
+  REQUIRE(failed.op() == "ok");
+  CHECK(failed.str("/state") == "queued");
+  CHECK(failed.num("/attempt") == 1);
+  rig.clock->advance(200ms);
+  auto retried = worker.next("offer");
+  REQUIRE(retried);
+  CHECK(retried->num("/attempt") == 2);
+}
+
+TEST_CASE("idempotent submit and cancel", "[session]") {
+  gateway_rig rig;
+  auto producer = rig.connect("prod");
+  auto first = producer.request(
+      R"({"op":"submit","id":1,"job":"j","body":1,"idempotency_key":"order-42"})", "1");
+  auto second = producer.request(
+      R"({"op":"submit","id":2,"job":"j","body":1,"idempotency_key":"order-42"})", "2");
+  CHECK(first.flag("/created"));
+  CHECK_FALSE(second.flag("/created"));
+  CHECK(first.str("/task") == second.str("/task"));
+  auto task = first.str("/task");
+  auto other = rig.connect("other");
+  CHECK(other.request(R"({"op":"cancel","id":3,"task":")" + task + "\"}", "3").code() ==
+        "not_found");
+  auto c = producer.request(R"({"op":"cancel","id":4,"task":")" + task + "\"}", "4");
+  REQUIRE(c.op() == "ok");
+  CHECK(c.str("/state") == "cancelled");
+  CHECK(producer.request(R"({"op":"cancel","id":5,"task":")" + task + "\"}", "5").code() ==
+        "conflict");
+  auto notice = producer.next("message");
+  REQUIRE(notice);
+  CHECK(notice->str("/envelope/type") == "amp.task.cancelled");
+  auto none = rig.connect("none", "{}");
+  CHECK(none.request(R"({"op":"submit","id":6,"job":"j","body":1})", "6").code() == "forbidden");
+  CHECK(none.request(R"({"op":"register","id":7,"jobs":["j"]})", "7").code() == "forbidden");
+}
+
+TEST_CASE("a running holder gets cancelled when its task is cancelled", "[session]") {
+  gateway_rig rig;
+  auto worker = rig.connect("w1");
+  REQUIRE(worker.request(R"({"op":"register","id":1,"jobs":["j"]})", "1").op() == "ok");
+  auto producer = rig.connect("prod");
+  auto task = producer.request(R"({"op":"submit","id":2,"job":"j","body":1})", "2").str("/task");
+  REQUIRE(worker.next("offer"));
+  REQUIRE(worker.request(R"({"op":"claim","id":3,"task":")" + task + "\"}", "3").op() == "ok");
+  REQUIRE(producer.request(R"({"op":"cancel","id":4,"task":")" + task + "\"}", "4").op() == "ok");
+  auto c = worker.next("cancelled");
+  REQUIRE(c);
+  CHECK(c->str("/task") == task);
+  CHECK(worker.request(R"({"op":"complete","id":5,"task":")" + task + "\"}", "5").code() ==
+        "lease_lost");
+}
+
+TEST_CASE("presence: watch, who, expiry without heartbeats, bye", "[session]") {
+  gateway_rig rig;
+  auto watcher = rig.connect("watcher");
+  auto w = watcher.request(R"({"op":"watch","id":1})", "1");
+  REQUIRE(w.op() == "ok");
+  CHECK(w.raw("/participants") == "[]");
+  auto worker = rig.connect("w1");
+  REQUIRE(
+      worker.request(R"({"op":"register","id":1,"jobs":["j"],"slots":3,"meta":{"zone":"eu"}})", "1")
+          .op() == "ok");
+  auto up = watcher.next("presence");
+  REQUIRE(up);
+  CHECK(up->str("/participant") == "w1");
+  CHECK(up->str("/state") == "up");
+  CHECK(up->str("/reason") == "registered");
+  CHECK(up->num("/entry/slots") == 3);
+  CHECK(up->str("/entry/meta/zone") == "eu");
+  auto who = watcher.request(R"({"op":"who","id":2,"job":"j"})", "2");
+  CHECK(who.str("/participants/0/participant") == "w1");
+  CHECK(watcher.request(R"({"op":"who","id":3,"job":"other"})", "3").raw("/participants") == "[]");
+
+  rig.clock->advance(20s);
+  REQUIRE(worker.request(R"({"op":"heartbeat","id":4})", "4").op() == "ok");
+  rig.clock->advance(20s);
+  CHECK_FALSE(watcher.next("presence"));  // refreshed at 20 s: still up at 40 s
+  rig.clock->advance(15s);
+  auto down = watcher.next("presence");
+  REQUIRE(down);
+  CHECK(down->str("/state") == "down");
+  CHECK(down->str("/reason") == "expired");
+  CHECK_FALSE(worker.carrier->close_code.has_value());
+
+  REQUIRE(worker.request(R"({"op":"heartbeat","id":5})", "5").op() == "ok");  // registers again
+  auto back = watcher.next("presence");
+  REQUIRE(back);
+  CHECK(back->str("/state") == "up");
+  auto bye = worker.request(R"({"op":"bye","id":6})", "6");
+  CHECK(bye.op() == "ok");
+  CHECK(worker.carrier->close_code == 1000);
+  auto left = watcher.next("presence");
+  REQUIRE(left);
+  CHECK(left->str("/reason") == "left");
+}
+
+TEST_CASE("rate limits answer rate_limited with retry_after_ms; budgets budget_exhausted",
+          "[session]") {
+  gateway_rig rig([](amp::server_config& c) {
+    c.default_policy.rate = {.per_s = 1, .burst = 2, .bytes_per_s = 1e6};
+    c.participant_policies["frugal"].per_day = std::optional<std::int64_t>(1);
+  });
+  auto w = rig.connect("alice");
+  CHECK(w.request(R"({"op":"send","id":1,"to":"bob","body":1})", "1").op() == "ok");
+  CHECK(w.request(R"({"op":"send","id":2,"to":"bob","body":1})", "2").op() == "ok");
+  auto limited = w.request(R"({"op":"send","id":3,"to":"bob","body":1})", "3");
+  CHECK(limited.code() == "rate_limited");
+  CHECK(limited.num("/retry_after_ms") > 0);
+  rig.clock->advance(std::chrono::milliseconds(limited.num("/retry_after_ms")));
+  CHECK(w.request(R"({"op":"send","id":4,"to":"bob","body":1})", "4").op() == "ok");
+
+  auto f = rig.connect("frugal");
+  CHECK(f.request(R"({"op":"publish","id":1,"topic":"t","body":1})", "1").op() == "ok");
+  CHECK(f.request(R"({"op":"publish","id":2,"topic":"t","body":1})", "2").code() ==
+        "budget_exhausted");
+}
+
+TEST_CASE("a body schema of the message type refuses a mismatch with its path", "[session]") {
+  auto dir = std::filesystem::temp_directory_path() / "amp-session-schema-test";
+  std::filesystem::create_directories(dir);
+  auto file = dir / "resize.json";
+  {
+    std::ofstream out(file);
+    out << R"({"type":"object","required":["w"],"properties":{"w":{"type":"integer"}}})";
+  }
+  gateway_rig rig([&](amp::server_config& c) { c.schemas["img.resize"] = file.string(); });
+  auto w = rig.connect("alice");
+  auto bad =
+      w.request(R"({"op":"submit","id":1,"job":"j","type":"img.resize","body":{"w":"wide"}})", "1");
+  CHECK(bad.code() == "invalid_envelope");
+  CHECK(bad.str("/path") == "/body/w");
+  CHECK(w.request(R"({"op":"submit","id":2,"job":"j","type":"img.resize","body":{"w":640}})", "2")
+            .op() == "ok");
+  CHECK(
+      w.request(R"({"op":"submit","id":3,"job":"j","type":"other","body":{"w":"x"}})", "3").op() ==
+      "ok");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("closing a session hands its open offers back at once", "[session]") {
+  gateway_rig rig([](amp::server_config& c) { c.registry_ttl_s = 600; });
+  auto w1 = rig.connect("w1");
+  REQUIRE(w1.request(R"({"op":"register","id":1,"jobs":["j"]})", "1").op() == "ok");
+  auto producer = rig.connect("prod");
+  auto task = producer.request(R"({"op":"submit","id":2,"job":"j","body":1})", "2").str("/task");
+  REQUIRE(w1.next("offer"));
+  auto w2 = rig.connect("w2");
+  REQUIRE(w2.request(R"({"op":"register","id":1,"jobs":["j"]})", "1").op() == "ok");
+  CHECK_FALSE(w2.next("offer"));
+  w1.s->closed();
+  auto o = w2.next("offer");
+  REQUIRE(o);
+  CHECK(o->str("/task") == task);
+}
+
+TEST_CASE("metrics count sessions, frames, errors and transitions", "[session]") {
+  gateway_rig rig;
+  auto w = rig.connect("alice");
+  CHECK(w.request(R"({"op":"submit","id":1,"job":"j","body":1})", "1").op() == "ok");
+  CHECK(w.request(R"({"op":"bogus","id":2})", "2").code() == "bad_request");
+  auto text = rig.gw->metrics_text();
+  CHECK(text.find("amp_sessions 1\n") != std::string::npos);
+  CHECK(text.find("amp_frames_in_total{op=\"submit\"} 1\n") != std::string::npos);
+  CHECK(text.find("amp_errors_total{code=\"bad_request\"} 1\n") != std::string::npos);
+  CHECK(text.find("amp_task_transitions_total{to=\"queued\"} 1\n") != std::string::npos);
+  CHECK(text.find("# TYPE amp_backend_seconds histogram") != std::string::npos);
+  CHECK(rig.gw->ready());
+}
+
+TEST_CASE("shutdown closes every session with 1001", "[session]") {
+  gateway_rig rig;
+  auto a = rig.connect("a");
+  auto pending = rig.open();
+  rig.gw->shutdown();
+  CHECK(a.carrier->close_code == 1001);
+  CHECK(pending.carrier->close_code == 1001);
+  CHECK_FALSE(rig.gw->ready());
+}
