@@ -243,11 +243,16 @@ void gateway::impl::pump(const std::shared_ptr<detail::ns_state>& st, const job_
     if (free == 0) return;
     st->fetching.insert(job.str());
   }
-  auto self = shared_from_this();
+  // Weak: a fetch waiting in the backend must not keep the gateway alive.
+  std::weak_ptr<impl> weak = shared_from_this();
+  std::weak_ptr<detail::ns_state> weak_st = st;
   in_flight.fetch_add(1);
   st->b->jobs().async_fetch(job, std::min(free, k_max_fetch), k_fetch_wait,
-                            [self, st, job](result<std::vector<offer>> r) {
-                              self->deliver_offers(st, job, std::move(r));
+                            [weak, weak_st, job](result<std::vector<offer>> r) {
+                              auto self = weak.lock();
+                              if (!self) return;
+                              if (auto ns = weak_st.lock())
+                                self->deliver_offers(ns, job, std::move(r));
                               self->in_flight.fetch_sub(1);
                             });
 }
@@ -268,14 +273,16 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
       if (!st->retry_armed.insert(job.str()).second) return;
     }
     std::weak_ptr<impl> weak = shared_from_this();
-    clk->call_at(clk->now() + k_fetch_retry, [weak, st, job] {
+    std::weak_ptr<detail::ns_state> weak_st = st;
+    clk->call_at(clk->now() + k_fetch_retry, [weak, weak_st, job] {
       auto self = weak.lock();
-      if (!self) return;
+      auto ns = weak_st.lock();
+      if (!self || !ns) return;
       {
-        std::lock_guard lock(st->mu);
-        st->retry_armed.erase(job.str());
+        std::lock_guard lock(ns->mu);
+        ns->retry_armed.erase(job.str());
       }
-      self->post([self, st, job] { self->pump(st, job); });
+      self->post([self, ns, job] { self->pump(ns, job); });
     });
     return;
   }
@@ -300,23 +307,25 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
         std::weak_ptr<session::impl> weak_s = target;
         auto task = o.task.task;
         auto seq = o.msg.seq;
-        auto lapse = clk->call_at(o.lapses_at, [weak, st, weak_s, task, seq] {
+        std::weak_ptr<detail::ns_state> weak_st = st;
+        auto lapse = clk->call_at(o.lapses_at, [weak, weak_st, weak_s, task, seq] {
           auto self = weak.lock();
-          if (!self) return;
-          self->post([self, st, weak_s, task, seq] {
+          auto ns = weak_st.lock();
+          if (!self || !ns) return;
+          self->post([self, ns, weak_s, task, seq] {
             std::optional<offer> lapsed;
             {
-              std::lock_guard held(st->mu);
+              std::lock_guard held(ns->mu);
               auto s = weak_s.lock();
               if (!s) return;
-              auto wit = st->workers.find(s.get());
-              if (wit == st->workers.end()) return;
+              auto wit = ns->workers.find(s.get());
+              if (wit == ns->workers.end()) return;
               auto it = wit->second.offers.find(task);
               if (it == wit->second.offers.end() || it->second.o.msg.seq != seq) return;
               lapsed = std::move(it->second.o);
               wit->second.offers.erase(it);
             }
-            self->offer_done(st, *lapsed, true);
+            self->offer_done(ns, *lapsed, true);
           });
         });
         best->offers.insert_or_assign(o.task.task, detail::open_offer{.o = o, .lapse = lapse});
@@ -366,7 +375,7 @@ result<std::shared_ptr<gateway>> gateway::open(gateway_options options) {
   if (c.auth.audience) ac.audience = *c.auth.audience;
   ac.leeway = std::chrono::seconds(c.auth.leeway_s);
   auto auth = authenticator::make(ac);
-  if (!auth) return error(errc::bad_request, fmt::format("auth: {}", auth.error().message()));
+  if (!auth) return error(errc::bad_request, auth.error().message());
 
   auto p = std::make_shared<impl>();
   for (const auto& [type, path] : c.schemas) {

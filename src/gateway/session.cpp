@@ -32,9 +32,11 @@ constexpr std::array<std::string_view, 19> k_ops = {
     "decline", "complete", "fail",      "cancel",    "task"};
 
 constexpr std::int64_t k_max_safe_integer = 9007199254740991;  // 2^53 - 1
-// A session may have this many frames (or 4 frames' worth of bytes) waiting for the
-// executor; a client that pipelines more is closed rather than queued without bound.
+// A session may have this many frames (or 64 MiB, or 4 frames' worth of bytes if more)
+// waiting for the executor; a client that pipelines more is closed rather than queued without
+// bound.
 constexpr std::size_t k_max_inbound_frames = 8192;
+constexpr std::size_t k_min_inbound_bytes = 64u << 20;
 constexpr std::size_t k_frames_per_turn = 64;
 
 const std::map<std::string, json_schema, std::less<>>& frame_schemas() {
@@ -253,7 +255,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     {
       std::lock_guard lock(in_mu);
       if (inbound.size() >= k_max_inbound_frames ||
-          inbound_bytes + text.size() > 4 * gw->opts.config.limits.max_frame_bytes) {
+          inbound_bytes + text.size() > max_inbound_bytes()) {
         request_close(close_code::policy_violation, "too many frames waiting to be processed");
         gw->log("warn", "inbound_overflow", fmt::format("\"session\":{}", json_quote(id)));
         return;
@@ -264,6 +266,10 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       draining = true;
     }
     schedule();
+  }
+
+  std::size_t max_inbound_bytes() const {
+    return std::max<std::size_t>(k_min_inbound_bytes, 4 * gw->opts.config.limits.max_frame_bytes);
   }
 
   void schedule() {
@@ -753,10 +759,13 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     auto on_dropped = [weak, state](std::uint64_t last_seq) {
       auto self = weak.lock();
       if (!self) return;
+      std::unique_ptr<topic_subscription> done;
       {
         std::lock_guard lock(state->mu);
         state->over = true;
+        done = std::move(state->s);
       }
+      self->retire(std::move(done));
       json_writer w;
       w.begin_object().key("op").string("sub_dropped").key("sub").string(state->name);
       w.key("reason").string("slow_consumer").key("last_seq").integer(last_seq).end_object();
@@ -812,6 +821,28 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     }
     stop_sub(*state);
     reply_ok(rq);
+  }
+
+  // Stops a subscription whose callback may be running on this very thread, and destroys it
+  // later on the executor (its callbacks hold its state: dropping it breaks that cycle).
+  void retire(std::unique_ptr<topic_subscription> s) {
+    if (!s) return;
+    s->stop();
+    auto holder = std::make_shared<std::unique_ptr<topic_subscription>>(std::move(s));
+    gw->post([holder] { holder->reset(); });
+  }
+
+  ~impl() {
+    for (auto& [name, state] : subs) {
+      std::unique_ptr<topic_subscription> s;
+      {
+        std::lock_guard lock(state->mu);
+        state->over = true;
+        s = std::move(state->s);
+      }
+      retire(std::move(s));
+    }
+    if (reader) reader->stop();
   }
 
   static void stop_sub(sub_state& state) {
