@@ -1,0 +1,39 @@
+#pragma once
+
+// The command line of amp-server: flags, configuration file and overrides, into one
+// checked amp::server_config plus the server's own run settings.
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "amp/gateway/config.hpp"
+#include "amp/result.hpp"
+
+namespace amp::server {
+
+/// What the command line asks for.
+struct run_options {
+  server_config config;                    ///< checked by check_server_config
+  std::optional<std::string> config_file;  ///< --config, as given
+  int io_threads = 2;                      ///< --io-threads: threads running the sockets
+  std::size_t workers = 4;                 ///< --workers: threads running the sessions' work
+  bool help = false;                       ///< --help: print help_text() and exit 0
+  bool version = false;                    ///< --version: print the version and exit 0
+};
+
+/// Reads `args` (without the program name): `--config` first (wherever it stands), then
+/// every override in the order given (`--set`, `--listen`, `--nats`, `--nats-creds`,
+/// `--secret`, `--secret-file`), then `--memory`, then check_server_config. Flags take
+/// their value as the next argument or after `=` (`--listen=0.0.0.0:9000`).
+/// Errors: `bad_request` with a message for the user that names the flag or the
+/// configuration key (the messages of load_server_config, set_config_value and
+/// check_server_config).
+result<run_options> parse_command_line(const std::vector<std::string>& args);
+
+/// The text of --help: every flag, every configuration key with its default, the HTTP
+/// endpoints, the log, signals and exit statuses.
+std::string help_text();
+
+}  // namespace amp::server

@@ -1,0 +1,141 @@
+// amp-server: the reference AMP server. It reads the configuration, opens the backend
+// (NATS JetStream, or the embedded memory transport) and the gateway, and carries the
+// gateway's sessions over WebSocket (websocket.cpp). Every AMP rule lives in the library.
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "amp/gateway/session.hpp"
+#include "amp/transport/jetstream.hpp"
+#include "amp/transport/memory.hpp"
+#include "command_line.hpp"
+#include "log.hpp"
+#include "websocket.hpp"
+
+#ifndef AMP_SERVER_VERSION
+#define AMP_SERVER_VERSION "0.0.0"
+#endif
+
+namespace {
+
+constexpr int exit_cannot_run = 1;
+constexpr int exit_bad_configuration = 2;
+
+int fail(const std::string& message, int status) {
+  std::fprintf(stderr, "amp-server: %s\n", message.c_str());
+  return status;
+}
+
+/// Raises the soft limit of open files to the hard limit (every connection is one) and
+/// returns the limit in force.
+std::uint64_t raise_fd_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(limit.rlim_cur);
+}
+
+int run(const std::vector<std::string>& args) {
+  namespace srv = amp::server;
+  auto parsed = srv::parse_command_line(args);
+  if (!parsed) return fail(parsed.error().message(), exit_bad_configuration);
+  auto options = std::move(*parsed);
+  if (options.help) {
+    std::fputs(srv::help_text().c_str(), stdout);
+    return 0;
+  }
+  if (options.version) {
+    std::printf("amp-server %s\n", AMP_SERVER_VERSION);
+    return 0;
+  }
+
+  if (auto tls = srv::check_tls(options.config); !tls) {
+    return fail(tls.error().message(), exit_bad_configuration);
+  }
+
+  // Sockets report a vanished peer as an error, not a signal.
+  std::signal(SIGPIPE, SIG_IGN);
+  // Declared before the gateway: its log callback writes here until it is gone.
+  static srv::logger log(stderr);
+
+  const auto max_fds = raise_fd_limit();
+  {
+    srv::log_event start("info", "starting");
+    start.field("version", AMP_SERVER_VERSION)
+        .field("pid", static_cast<std::int64_t>(::getpid()))
+        .field("max_fds", max_fds);
+    if (options.config_file) start.field("config", *options.config_file);
+    log.write(std::move(start));
+  }
+
+  const auto& config = options.config;
+  std::shared_ptr<amp::transport> backend;
+  std::string transport_name;
+  if (config.nats) {
+    auto connected =
+        amp::jetstream_transport::connect({.url = config.nats->url,
+                                           .creds_file = config.nats->creds.value_or(""),
+                                           .name = "amp-server"});
+    if (!connected) {
+      const bool bad = connected.error().code() == amp::errc::bad_request;
+      return fail("nats: " + connected.error().message(),
+                  bad ? exit_bad_configuration : exit_cannot_run);
+    }
+    backend = std::move(*connected);
+    transport_name = "nats";
+    log.write(srv::log_event("info", "backend_connected")
+                  .field("transport", "nats")
+                  .field("url", config.nats->url));
+  } else {
+    backend = amp::memory_transport::create();
+    transport_name = "memory";
+    log.write(srv::log_event("warn", "memory_transport")
+                  .field("transport", "memory")
+                  .field("message",
+                         "no nats section: the embedded memory transport holds everything in "
+                         "this process; nothing is durable, a restart loses every message, "
+                         "task and lease"));
+  }
+
+  auto gateway = amp::gateway::open({
+      .config = config,
+      .backend = backend,
+      .server_name = std::string("amp-server/") + AMP_SERVER_VERSION,
+      .workers = options.workers,
+      .log = [](const amp::log_line& line) { log.write(line.json); },
+  });
+  if (!gateway) {
+    const bool bad = gateway.error().code() == amp::errc::bad_request;
+    return fail(gateway.error().message(), bad ? exit_bad_configuration : exit_cannot_run);
+  }
+
+  return srv::serve({.config = &config,
+                     .gateway = *gateway,
+                     .log = &log,
+                     .io_threads = options.io_threads,
+                     .transport_name = transport_name,
+                     .version = AMP_SERVER_VERSION});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const std::exception& e) {
+    return fail(std::string("unexpected error: ") + e.what(), exit_cannot_run);
+  }
+}

@@ -1,0 +1,264 @@
+#include "server/server_process.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+
+#include "support/nats_server.hpp"
+
+#ifndef AMP_SERVER_PATH
+#error "AMP_SERVER_PATH must name the amp-server binary"
+#endif
+
+namespace amp::testing {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// fork + exec with stdout and stderr into files; the child dies with this thread.
+pid_t spawn(const std::vector<std::string>& args, const fs::path& out, const fs::path& err) {
+  std::vector<std::string> all{server_process::binary()};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string out_path = out.string();
+  const std::string err_path = err.string();
+  const pid_t parent = ::getpid();
+
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    const int in_fd = ::open("/dev/null", O_RDONLY);
+    const int out_fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (in_fd < 0 || out_fd < 0 || err_fd < 0) ::_exit(126);
+    ::dup2(in_fd, 0);
+    ::dup2(out_fd, 1);
+    ::dup2(err_fd, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// The exit status of `pid` once it exited (128 + signal for a signal), waiting at most
+// `limit`; nothing on timeout.
+std::optional<int> reap(pid_t pid, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) {
+      if (WIFEXITED(status)) return WEXITSTATUS(status);
+      if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+      return -1;
+    }
+    if (r < 0 && errno != EINTR) return -1;
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(10ms);
+  }
+}
+
+}  // namespace
+
+temp_dir::temp_dir() {
+  std::random_device random;
+  path_ = fs::temp_directory_path() /
+          ("amp-server-test-" + std::to_string(::getpid()) + "-" + std::to_string(random()));
+  fs::create_directories(path_);
+}
+
+temp_dir::~temp_dir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+fs::path temp_dir::write(const std::string& name, const std::string& text) const {
+  const auto p = path_ / name;
+  std::ofstream out(p, std::ios::binary);
+  out << text;
+  if (!out) throw std::runtime_error("cannot write " + p.string());
+  return p;
+}
+
+std::string server_process::binary() {
+  return AMP_SERVER_PATH;
+}
+
+server_process::finished server_process::run(const std::vector<std::string>& args,
+                                             std::chrono::milliseconds limit) {
+  temp_dir dir;
+  const pid_t pid = spawn(args, dir.path() / "stdout", dir.path() / "stderr");
+  finished result;
+  if (auto status = reap(pid, limit)) {
+    result.status = *status;
+  } else {
+    ::kill(pid, SIGKILL);
+    reap(pid, 5s);
+  }
+  result.out = read_file(dir.path() / "stdout");
+  result.err = read_file(dir.path() / "stderr");
+  return result;
+}
+
+server_process server_process::start(std::vector<std::string> args) {
+  std::string last_log;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    server_process p;
+    std::random_device random;
+    p.dir_ = fs::temp_directory_path() /
+             ("amp-server-run-" + std::to_string(::getpid()) + "-" + std::to_string(random()));
+    fs::create_directories(p.dir_);
+    p.out_path_ = p.dir_ / "stdout";
+    p.err_path_ = p.dir_ / "stderr";
+    p.port_ = static_cast<std::uint16_t>(free_port());
+    auto with_listen = args;
+    with_listen.push_back("--listen");
+    with_listen.push_back("127.0.0.1:" + std::to_string(p.port_));
+    p.pid_ = spawn(with_listen, p.out_path_, p.err_path_);
+
+    const auto deadline = std::chrono::steady_clock::now() + 15s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (p.log().find("\"event\":\"listening\"") != std::string::npos) return p;
+      if (auto status = reap(p.pid_, 0ms)) {
+        p.pid_ = -1;
+        break;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    last_log = p.log();
+    // A port taken between free_port() and the bind: try another one.
+    if (last_log.find("cannot listen") == std::string::npos) break;
+  }
+  throw std::runtime_error("amp-server did not start listening; its stderr:\n" + last_log);
+}
+
+server_process::~server_process() {
+  kill_now();
+  if (!dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+}
+
+server_process::server_process(server_process&& other) noexcept
+    : dir_(std::exchange(other.dir_, {})),
+      out_path_(std::move(other.out_path_)),
+      err_path_(std::move(other.err_path_)),
+      port_(other.port_),
+      pid_(std::exchange(other.pid_, -1)) {}
+
+void server_process::kill_now() noexcept {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  reap(pid_, 5s);
+  pid_ = -1;
+}
+
+std::string server_process::url(bool tls) const {
+  return std::string(tls ? "wss" : "ws") + "://127.0.0.1:" + std::to_string(port_) + "/amp";
+}
+
+std::string server_process::log() const {
+  return read_file(err_path_);
+}
+
+bool server_process::wait_for_log(const std::string& text, std::chrono::milliseconds limit) const {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (log().find(text) != std::string::npos) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
+void server_process::signal(int sig) const {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+std::optional<int> server_process::wait_exit(std::chrono::milliseconds limit) {
+  if (pid_ <= 0) return std::nullopt;
+  auto status = reap(pid_, limit);
+  if (status) pid_ = -1;
+  return status;
+}
+
+std::uint64_t server_process::resident_bytes() const {
+  if (pid_ <= 0) return 0;
+  std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      std::istringstream fields(line.substr(6));
+      std::uint64_t kb = 0;
+      fields >> kb;
+      return kb * 1024;
+    }
+  }
+  return 0;
+}
+
+http_response http_get(std::uint16_t port, const std::string& target) {
+  http_response response;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return response;
+  timeval timeout{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string raw;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0) {
+    const std::string request = "GET " + target +
+                                " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) +
+                                "\r\nConnection: close\r\n\r\n";
+    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+        static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      for (;;) {
+        const ssize_t n = ::recv(fd, buffer, sizeof buffer, 0);
+        if (n <= 0) break;
+        raw.append(buffer, static_cast<std::size_t>(n));
+      }
+    }
+  }
+  ::close(fd);
+  // "HTTP/1.1 200 OK\r\n...\r\n\r\nbody"
+  if (raw.rfind("HTTP/1.1 ", 0) == 0 && raw.size() >= 12)
+    response.status = std::stoi(raw.substr(9, 3));
+  if (auto end = raw.find("\r\n\r\n"); end != std::string::npos) {
+    response.headers = raw.substr(0, end);
+    response.body = raw.substr(end + 4);
+  }
+  return response;
+}
+
+}  // namespace amp::testing
