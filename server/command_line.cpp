@@ -32,7 +32,8 @@ Options:
   --memory             use the embedded memory transport whatever the configuration
                        says about nats (nothing durable)
   --io-threads N       threads serving the sockets, 1 to 64 (default 2)
-  --workers N          threads running the sessions' work, 1 to 256 (default 4)
+  --workers N          threads running the sessions' work, 1 to 256 (default 16;
+                       backend calls wait on them)
   --help               print this text and exit
   --version            print the version and exit
 

@@ -18,7 +18,7 @@ struct run_options {
   server_config config;                    ///< checked by check_server_config
   std::optional<std::string> config_file;  ///< --config, as given
   int io_threads = 2;                      ///< --io-threads: threads running the sockets
-  std::size_t workers = 4;                 ///< --workers: threads running the sessions' work
+  std::size_t workers = 16;                ///< --workers: threads running the sessions' work
   bool help = false;                       ///< --help: print help_text() and exit 0
   bool version = false;                    ///< --version: print the version and exit 0
 };

@@ -87,10 +87,11 @@ struct gateway_options {
   /// What `hello` reports as `server`.
   std::string server_name = "amp-server/0.1.0";
   /// Where the operations of sessions and the broker's timer work run. Empty: a pool of
-  /// `workers` threads owned by the gateway. `inline_executor()` runs everything on the
-  /// calling thread (memory transport only; for deterministic tests).
+  /// `workers` threads owned by the gateway; an operation holds its thread while it waits
+  /// for the backend, so `workers` bounds the backend calls in flight. `inline_executor()`
+  /// runs everything on the calling thread (memory transport only; for deterministic tests).
   executor run{};
-  std::size_t workers = 4;
+  std::size_t workers = 16;
   /// A session whose carrier holds more than this is a slow consumer: its topic
   /// subscriptions are dropped (`sub_dropped`) rather than queue more events; when it
   /// holds more than 4 times this, whatever frame comes next, the session is closed with
