@@ -321,7 +321,7 @@ TEST_CASE("inbox: a full window still redelivers what is not acked in time", "[i
   must(reader->ack(seqs[2]));
 }
 
-TEST_CASE("inbox: every reader of a participant gets each message; an ack from one counts",
+TEST_CASE("inbox: every reader of a participant gets each message, an ack from one counts",
           "[inbox]") {
   setup s;
   inbox_log one, two, other;

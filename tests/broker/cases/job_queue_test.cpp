@@ -187,7 +187,7 @@ TEST_CASE("two claims of one task never both succeed", "[jobs]") {
   CHECK(env.record(id).attempt == 1);
 }
 
-TEST_CASE("only the live lease holder completes; others get lease_lost", "[jobs]") {
+TEST_CASE("only the live lease holder completes, others get lease_lost", "[jobs]") {
   jobs_env env;
   auto id = env.submit();
   must(env.q->claim(env.one_offer(), env.w1));
@@ -332,7 +332,7 @@ TEST_CASE("an offer neither claimed nor declined lapses and is offered again", "
   must(env.q->claim(again, env.w2));
 }
 
-TEST_CASE("cancel: queued and running tasks end; terminal is conflict; others not_found",
+TEST_CASE("cancel: queued and running tasks end, terminal is conflict, others not_found",
           "[jobs]") {
   jobs_env env;
   auto queued = env.submit("1");

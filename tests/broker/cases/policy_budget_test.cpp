@@ -83,7 +83,7 @@ TEST_CASE("policy: a budget of N per day grants N requests, then budget_exhauste
   REQUIRE(code_of(p.get_future().get()) == errc::budget_exhausted);
 }
 
-TEST_CASE("policy: a null budget is unlimited and not counted; overrides per participant",
+TEST_CASE("policy: a null budget is unlimited and not counted, overrides per participant",
           "[policy]") {
   auto fx = make_fixture();
   auto ns = ns_of(*fx);

@@ -85,7 +85,7 @@ TEST_CASE("on an interest stream a message goes once every consumer has acked it
   CHECK(code_of(t.get_message(sc.name, 1)) == errc::not_found);
 }
 
-TEST_CASE("term on a work-queue stream removes the message; it is never redelivered",
+TEST_CASE("term on a work-queue stream removes the message, it is never redelivered",
           "[acks][work_queue][time]") {
   auto fx = make_fixture();
   auto& t = fx->transport();

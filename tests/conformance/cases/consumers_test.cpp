@@ -100,7 +100,7 @@ TEST_CASE("consumer_info_of, delete_consumer and fetch of a missing consumer are
   CHECK(code_of(probe.get()) == errc::not_found);
 }
 
-TEST_CASE("delete_consumer removes it; a new one of the same name starts afresh", "[consumers]") {
+TEST_CASE("delete_consumer removes it, a new one of the same name starts afresh", "[consumers]") {
   auto fx = make_fixture();
   auto& t = fx->transport();
   auto sc = stream_cfg(*fx, "delcons");

@@ -403,7 +403,7 @@ TEST_CASE("the bucket ttl removes values once they are older, not before", "[kv]
 
 // ----- per-key TTL ----------------------------------------------------------------------
 
-TEST_CASE("per-key ttl: the value expires after its ttl; writes without ttl do not",
+TEST_CASE("per-key ttl: the value expires after its ttl, writes without ttl do not",
           "[kv][ttl][time]") {
   auto fx = make_fixture();
   auto& t = fx->transport();

@@ -167,7 +167,7 @@ TEST_CASE("the bytes limit is independent of the message limit", "[policy]") {
 }
 
 TEST_CASE(
-    "per-participant policies override the default; buckets are per namespace and "
+    "per-participant policies override the default, buckets are per namespace and "
     "participant",
     "[policy]") {
   rig r(amp::policy_config{

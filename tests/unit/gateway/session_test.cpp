@@ -19,7 +19,7 @@ using amp::testing::wire;
 
 }  // namespace
 
-TEST_CASE("hello answers with the session's facts; other ops before it are unauthenticated",
+TEST_CASE("hello answers with the session's facts, other ops before it are unauthenticated",
           "[session]") {
   gateway_rig rig;
   auto w = rig.open();
@@ -89,7 +89,7 @@ TEST_CASE("over max_sessions hello is limit_exceeded and closes with 1013", "[se
   CHECK(rig.gw->sessions() == 2);
 }
 
-TEST_CASE("bad frames are bad_request, with id null when the id cannot be used; the session stays",
+TEST_CASE("bad frames are bad_request, with id null when the id cannot be used, the session stays",
           "[session]") {
   gateway_rig rig;
   auto w = rig.connect("alice");
@@ -133,7 +133,7 @@ TEST_CASE("bad frames are bad_request, with id null when the id cannot be used; 
 }
 
 TEST_CASE(
-    "send stamps from, dedups msg_id, delivers to every session of the recipient; ack and nack",
+    "send stamps from, dedups msg_id, delivers to every session of the recipient, ack and nack",
     "[session]") {
   gateway_rig rig;
   auto alice = rig.connect("alice");
@@ -176,7 +176,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "unacked inbox messages come again after inbox_ack_s; messages wait for an absent recipient",
+    "unacked inbox messages come again after inbox_ack_s, messages wait for an absent recipient",
     "[session]") {
   gateway_rig rig([](amp::server_config& c) { c.inbox_ack_s = 5; });
   auto alice = rig.connect("alice");
@@ -207,7 +207,7 @@ TEST_CASE("payload_too_large, invalid_envelope and body schemas come in the spec
   CHECK(bad_header.code() == "invalid_envelope");
 }
 
-TEST_CASE("publish and subscribe with replay; ok comes before the events; sub names", "[session]") {
+TEST_CASE("publish and subscribe with replay, ok comes before the events, sub names", "[session]") {
   gateway_rig rig([](amp::server_config& c) { c.limits.max_subscriptions = 2; });
   auto pub = rig.connect("pub");
   for (int i = 0; i < 3; ++i) {
@@ -387,7 +387,7 @@ TEST_CASE(
   CHECK(notice->str("/envelope/body/error/code") == "attempts_exhausted");
 }
 
-TEST_CASE("decline offers again without an attempt; an unclaimed offer lapses; fail with retry",
+TEST_CASE("decline offers again without an attempt, an unclaimed offer lapses, fail with retry",
           "[session]") {
   gateway_rig rig([](amp::server_config& c) {
     c.default_job.lease_s = 10;
@@ -511,7 +511,7 @@ TEST_CASE("presence: watch, who, expiry without heartbeats, bye", "[session]") {
   CHECK(left->str("/reason") == "left");
 }
 
-TEST_CASE("rate limits answer rate_limited with retry_after_ms; budgets budget_exhausted",
+TEST_CASE("rate limits answer rate_limited with retry_after_ms, budgets budget_exhausted",
           "[session]") {
   gateway_rig rig([](amp::server_config& c) {
     c.default_policy.rate = {.per_s = 1, .burst = 2, .bytes_per_s = 1e6};
