@@ -32,6 +32,9 @@ Options:
   --memory             use the embedded memory transport whatever the configuration
                        says about nats (nothing durable)
   --io-threads N       threads serving the sockets, 1 to 64 (default 2)
+  --ping-interval S    seconds between WebSocket pings to every connection, 1 to 3600
+                       (default 30); a connection that has not answered with a pong
+                       within min(S, 10) seconds is closed (1008)
   --workers N          threads running the sessions' work, 1 to 256 (default 16;
                        backend calls wait on them)
   --help               print this text and exit
@@ -181,6 +184,12 @@ result<run_options> parse_command_line(const std::vector<std::string>& args) {
       auto n = parse_count(flag, *v, 1, 64);
       if (!n) return amp::unexpected(n.error());
       out.io_threads = static_cast<int>(*n);
+    } else if (flag == "--ping-interval") {
+      auto v = value();
+      if (!v) return amp::unexpected(v.error());
+      auto n = parse_count(flag, *v, 1, 3600);
+      if (!n) return amp::unexpected(n.error());
+      out.ping_interval_s = static_cast<int>(*n);
     } else if (flag == "--workers") {
       auto v = value();
       if (!v) return amp::unexpected(v.error());

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -126,6 +127,7 @@ int run(const std::vector<std::string>& args) {
                      .gateway = *gateway,
                      .log = &log,
                      .io_threads = options.io_threads,
+                     .ping_interval = std::chrono::seconds(options.ping_interval_s),
                      .transport_name = transport_name,
                      .version = AMP_SERVER_VERSION});
 }

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,6 +41,9 @@ constexpr auto k_close_wait = std::chrono::seconds(5);
 constexpr long k_close_handshake_ms = 3000;
 /// Pause before accepting again after accept failed (e.g. out of file descriptors).
 constexpr auto k_accept_retry = std::chrono::milliseconds(100);
+/// The longest wait for a pong: a connection that does not answer a ping within
+/// min(ping_interval, this) (a peer gone without closing its TCP connection) is closed.
+constexpr long k_max_pong_timeout_ms = 10000;
 
 /// A websocketpp config with the settings amp-server needs on top of `Base`.
 template <class Base>
@@ -182,6 +186,7 @@ class ws_server {
         log_(*options.log),
         acceptor_strand_(io_),
         accept_retry_(io_),
+        keepalive_(io_),
         signals_(io_, SIGINT, SIGTERM) {
     endpoint_.clear_access_channels(websocketpp::log::alevel::all);
     endpoint_.clear_error_channels(websocketpp::log::elevel::all);
@@ -192,6 +197,9 @@ class ws_server {
     endpoint_.set_max_message_size(options.config->limits.max_frame_bytes);
     endpoint_.set_max_http_body_size(64 * 1024);
     endpoint_.set_close_handshake_timeout(k_close_handshake_ms);
+    endpoint_.set_pong_timeout(std::min<long>(
+        k_max_pong_timeout_ms,
+        std::chrono::duration_cast<std::chrono::milliseconds>(options.ping_interval).count()));
     endpoint_.set_validate_handler([this](connection_hdl h) { return validate(h); });
     endpoint_.set_http_handler([this](connection_hdl h) { serve_http(h); });
     endpoint_.set_fail_handler([this](connection_hdl h) { failed(h); });
@@ -223,6 +231,7 @@ class ws_server {
     }
 
     wait_for_signal();
+    schedule_keepalive();
     net::post(acceptor_strand_, [this] { accept(); });
     std::vector<std::thread> threads;
     threads.reserve(static_cast<std::size_t>(options_.io_threads));
@@ -269,6 +278,26 @@ class ws_server {
     }
   }
 
+  void schedule_keepalive() {
+    keepalive_.expires_after(options_.ping_interval);
+    keepalive_.async_wait([this](const net::error_code& ec) {
+      if (ec || stopping_.load()) return;
+      std::vector<std::weak_ptr<typename endpoint::connection_type>> all;
+      {
+        std::lock_guard lock(live_mutex_);
+        all.reserve(live_.size());
+        for (auto& [key, con] : live_) all.push_back(con);
+      }
+      for (auto& weak : all) {
+        if (auto con = weak.lock()) {
+          websocketpp::lib::error_code ping_ec;
+          con->ping("", ping_ec);  // refused once the connection is closing: nothing to do
+        }
+      }
+      schedule_keepalive();
+    });
+  }
+
   void wait_for_signal() {
     signals_.async_wait([this](const net::error_code& ec, int signo) {
       if (ec) return;
@@ -295,6 +324,7 @@ class ws_server {
       std::lock_guard lock(stop_mutex_);
       stop_requested_ = true;
     }
+    keepalive_.cancel();
     stop_cv_.notify_all();
     wait_for_signal();
   }
@@ -386,15 +416,30 @@ class ws_server {
     }
 
     auto c = std::make_shared<carrier>(con);
-    con->set_open_handler([this, c](connection_hdl) { opened(c); });
+    std::weak_ptr<typename endpoint::connection_type> opened_con = con;
+    con->set_open_handler([this, c, opened_con](connection_hdl) {
+      if (auto live = opened_con.lock()) opened(c, live);
+    });
     con->set_message_handler([c](connection_hdl, message_ptr msg) { c->on_message(msg); });
     con->set_interrupt_handler([c](connection_hdl) { c->on_interrupt(); });
     con->set_close_handler([this, c](connection_hdl) { closed(c); });
+    std::weak_ptr<typename endpoint::connection_type> weak = con;
+    con->set_pong_timeout_handler([this, weak](connection_hdl, std::string) {
+      auto dead = weak.lock();
+      if (!dead) return;
+      log_.write(log_event("info", "pong_timeout").field("remote", dead->get_remote_endpoint()));
+      websocketpp::lib::error_code ec;
+      dead->close(websocketpp::close::status::policy_violation, "no pong", ec);
+    });
     return true;
   }
 
-  void opened(const std::shared_ptr<carrier>& c) {
+  void opened(const std::shared_ptr<carrier>& c, const connection_ptr& con) {
     open_.fetch_add(1);
+    {
+      std::lock_guard lock(live_mutex_);
+      live_.emplace(c.get(), con);
+    }
     if (stopping_.load()) {
       c->close(amp::close_code::going_away, "server shutting down");
       return;
@@ -403,6 +448,10 @@ class ws_server {
   }
 
   void closed(const std::shared_ptr<carrier>& c) {
+    {
+      std::lock_guard lock(live_mutex_);
+      live_.erase(c.get());
+    }
     c->on_closed();
     open_.fetch_sub(1);
   }
@@ -462,7 +511,10 @@ class ws_server {
   endpoint endpoint_;
   net::io_context::strand acceptor_strand_;
   net::steady_timer accept_retry_;
+  net::steady_timer keepalive_;
   net::signal_set signals_;
+  std::mutex live_mutex_;
+  std::map<const void*, std::weak_ptr<typename endpoint::connection_type>> live_;  // open ones
   clock_type::time_point last_accept_log_{};
 
   std::atomic<bool> stopping_{false};

@@ -4,6 +4,7 @@
 // compile) stays in one translation unit: the endpoint at /amp, HTTP beside it, signals
 // and the graceful shutdown. No AMP rule lives here; every frame goes to the session.
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,9 @@ struct serve_options {
   std::shared_ptr<amp::gateway> gateway;
   logger* log = nullptr;
   int io_threads = 2;
+  /// How often every connection is pinged; one that does not answer within
+  /// min(ping_interval, 10 s) is closed.
+  std::chrono::seconds ping_interval{30};
   /// Extra fields of the `listening` line.
   std::string transport_name;
   std::string version;

@@ -297,6 +297,20 @@ TEST_CASE("a binary frame is answered with bad_request and the connection stays 
   CHECK(contains(*reply, "\"after\""));
 }
 
+TEST_CASE("a connection that does not answer pings is closed, one that answers stays",
+          "[server][websocket]") {
+  auto server = server_process::start(with_secret({"--ping-interval", "1"}));
+  plain_client alive(server.url(), {"amp.v1"});  // websocketpp answers pings itself
+  REQUIRE(alive.wait_open());
+  amp::testing::raw_ws_client silent(server.port());  // reads nothing, answers nothing
+  auto drained = silent.drain(10s);
+  CHECK(drained.close_code == 1008);
+  alive.send(R"({"op":"who","id":"still"})");
+  auto reply = alive.next_op("error");  // no hello yet: unauthenticated, but answered
+  REQUIRE(reply);
+  CHECK(contains(*reply, "\"still\""));
+}
+
 TEST_CASE("a frame over limits.max_frame_bytes closes the connection with 1009",
           "[server][websocket]") {
   auto server = server_process::start(
