@@ -105,12 +105,21 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   }
 
   std::uint64_t add_reader(std::function<void(const inbox_message&)> fn) {
-    std::lock_guard lock(mu_);
-    auto slot = std::make_shared<reader_slot>();
-    slot->id = ++last_reader_;
-    slot->fn = std::move(fn);
-    readers_.push_back(std::move(slot));
-    return last_reader_;
+    std::vector<message> handed_back;
+    std::uint64_t id = 0;
+    {
+      std::lock_guard lock(mu_);
+      auto slot = std::make_shared<reader_slot>();
+      slot->id = ++last_reader_;
+      slot->fn = std::move(fn);
+      readers_.push_back(std::move(slot));
+      id = last_reader_;
+      // Waiting for the fetch that is out: now that a reader is back, that fetch may take
+      // them, and it delivers them to this reader.
+      handed_back = std::exchange(handing_back_, {});
+    }
+    settle_all(handed_back, ack_kind::nak);
+    return id;
   }
 
   // Detaches a reader; the last one hands back what is in flight.
@@ -131,6 +140,12 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       backing_off_ = false;
       for (auto& [seq, f] : in_flight_) released.push_back(std::move(f.msg));
       in_flight_.clear();
+      if (fetching_) {
+        // The fetch still out would take what is handed back now, as one more delivery
+        // that reaches nobody: hand it back once that fetch has come back.
+        for (auto& m : released) handing_back_.push_back(std::move(m));
+        return;
+      }
     }
     settle_all(released, ack_kind::nak);
   }
@@ -258,12 +273,19 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     settle_all(bad, ack_kind::term);
     std::unique_lock lock(mu_);
     backoff_ = duration::zero();
+    auto handed_back = std::exchange(handing_back_, {});
     if (readers_.empty()) {
       fetching_ = false;
       lock.unlock();
+      settle_all(handed_back, ack_kind::nak);
       settle_all(kept, ack_kind::nak);
       kick();  // a reader may have attached in the meantime
       return;
+    }
+    if (!handed_back.empty()) {
+      lock.unlock();
+      settle_all(handed_back, ack_kind::nak);
+      lock.lock();
     }
     auto deadline = clock_->now() + settings_->ack_wait;
     for (auto& m : kept) {
@@ -272,7 +294,10 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     }
     deliver(lock, batch);
     fetching_ = false;
+    // The last reader left during the delivery: no fetch is out, so hand back now.
+    auto left_behind = std::exchange(handing_back_, {});
     lock.unlock();
+    settle_all(left_behind, ack_kind::nak);
     kick();
   }
 
@@ -302,6 +327,12 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   void on_fetch_error(const error& e) {
     std::unique_lock lock(mu_);
     fetching_ = false;
+    if (!handing_back_.empty()) {
+      auto handed_back = std::exchange(handing_back_, {});
+      lock.unlock();
+      settle_all(handed_back, ack_kind::nak);
+      lock.lock();
+    }
     if (readers_.empty()) return;
     backoff_ = backoff_ == duration::zero() ? k_min_backoff : std::min(backoff_ * 2, k_max_backoff);
     backing_off_ = true;
@@ -385,6 +416,8 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   std::uint64_t last_reader_ = 0;
   std::map<std::uint64_t, flight> in_flight_;  // by stream sequence
   bool fetching_ = false;  // a fetch is out, or its messages are being delivered
+  // In flight when the last reader left while a fetch was out: handed back when it returns.
+  std::vector<message> handing_back_;
   bool kicking_ = false;
   bool rekick_ = false;
   bool backing_off_ = false;

@@ -23,7 +23,11 @@
 /// not acked within `inbox_ack_wait` is delivered again with `delivery` one higher; a late
 /// ack of it still counts.
 /// When the last reader of a participant detaches, what is in flight to it is handed back
-/// at once, so a participant that reconnects gets it without waiting for AckWait. A
+/// (nak), so a participant that reconnects gets it without waiting for AckWait: at once
+/// when a reader attaches again or no fetch is out, else when the fetch that is out
+/// returns (within 5 s), so that fetch cannot count a delivery that reaches nobody. A
+/// message that arrives while no reader is attached but a fetch is still out is taken by
+/// that fetch and handed back too: its next delivery counts 2. A
 /// reader sees the deliveries made after it attached (a message already in flight when it
 /// attaches reaches it when it is redelivered).
 ///
@@ -117,7 +121,7 @@ class inbox_reader {
   /// Detaches the reader. When called from outside its callback, no callback of this
   /// reader runs after `stop` returns (it waits for one running on another thread); from
   /// inside one, none runs after that callback returns. When it was the participant's
-  /// last reader in this `inbox`, the messages in flight are handed back at once (nak)
+  /// last reader in this `inbox`, the messages in flight are handed back (nak, see above)
   /// for prompt delivery to the next reader. Idempotent; non-blocking on the backend.
   void stop() noexcept;
 

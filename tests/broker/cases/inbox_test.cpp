@@ -365,9 +365,28 @@ TEST_CASE("inbox: when the last reader detaches, what was in flight goes to the 
   // Far sooner than the 30 s ack wait, and without moving a manual clock.
   REQUIRE(second.reaches(1, 5s));
   CHECK(second.at(0).seq == sent.seq);
-  CHECK(second.at(0).delivery >= 2);
+  CHECK(second.at(0).delivery == 2);  // one delivery per delivery: none to nobody
   must(back->ack(sent.seq));
   CHECK(first.size() == 1);
+}
+
+TEST_CASE("inbox: what is handed back while nobody reads counts no delivery that reached nobody",
+          "[inbox]") {
+  setup s(30s);
+  auto sent = must(s.box->send(note("bob", "alice")));
+  inbox_log first;
+  auto reader = must(s.box->attach(pname("bob"), first.callback()));
+  REQUIRE(first.reaches(1));
+  reader.reset();
+  s.fx->advance(6s);  // the fetch that was out when bob left has come back
+  quiet_period(*s.fx);
+
+  inbox_log second;
+  auto back = must(s.box->attach(pname("bob"), second.callback()));
+  REQUIRE(second.reaches(1, 10s));
+  CHECK(second.at(0).seq == sent.seq);
+  CHECK(second.at(0).delivery == 2);
+  must(back->ack(sent.seq));
 }
 
 TEST_CASE("inbox: a reader may stop itself from its callback", "[inbox]") {
