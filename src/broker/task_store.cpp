@@ -304,4 +304,23 @@ result<task_store::binding> task_store::bind_idempotency_key(const namespace_nam
   return unexpected(errc::unavailable, "idempotency index kept changing; try again");
 }
 
+result<std::optional<task_id>> task_store::find_idempotency_key(const namespace_name& ns,
+                                                                const participant_name& submitter,
+                                                                std::string_view key) {
+  if (key.empty() || key.size() > k_max_idempotency_key) {
+    return unexpected(errc::bad_request,
+                      fmt::format("idempotency_key must be 1 to {} bytes, not {}",
+                                  k_max_idempotency_key, key.size()));
+  }
+  auto existing =
+      transport_->kv_get(bucket_, subjects::idempotency_key(ns, sha256_hex(submitter.view(), key)));
+  if (!existing) {
+    if (existing.error().code() == errc::not_found) return std::optional<task_id>{};
+    return existing.error();
+  }
+  auto id = task_id::make(existing->value);
+  if (!id) return unexpected(errc::internal, "idempotency index holds a bad task id");
+  return std::optional<task_id>(*id);
+}
+
 }  // namespace amp

@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -136,6 +137,7 @@ struct sub_state {
   std::mutex mu;
   bool started = false;
   bool over = false;
+  std::optional<std::uint64_t> dropped_at;  // dropped before the ok was sent
   std::vector<std::string> pending;
   std::size_t pending_bytes = 0;
   std::unique_ptr<topic_subscription> s;
@@ -521,14 +523,23 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   // The policy checks of send, publish and submit, in the spec's order after the
   // envelope: rate, then budget. Returns the spend to refund if the operation fails.
+  // `count_budget` may decide after the rate passed whether the budget counts (false: a
+  // resubmission), or fail the request itself (then it returns an error).
   std::optional<budget_spend> admit(const request& rq, const identity& me, std::size_t body_bytes,
-                                    bool count_budget = true) {
+                                    const std::function<result<bool>()>& count_budget = {}) {
     auto verdict = gw->pol->take_rate(me.ns, me.participant, body_bytes);
     if (!verdict.allowed) {
       fail(rq, error(errc::rate_limited, verdict.message), verdict.retry_after.count());
       return std::nullopt;
     }
-    if (!count_budget) return budget_spend{.ns = me.ns, .participant = me.participant};
+    if (count_budget) {
+      auto counts = count_budget();
+      if (!counts) {
+        fail(rq, counts.error());
+        return std::nullopt;
+      }
+      if (!*counts) return budget_spend{.ns = me.ns, .participant = me.participant};
+    }
     auto spend = gw->timed([&] { return gw->pol->spend_budget(me.ns, me.participant); });
     if (!spend) {
       fail(rq, spend.error());
@@ -763,20 +774,16 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       {
         std::lock_guard lock(state->mu);
         state->over = true;
+        if (!state->started) {
+          // Dropped during the replay, before the ok: the events taken so far wait in
+          // `pending`; on_subscribe sends them after the ok, then sub_dropped.
+          state->dropped_at = last_seq;
+          return;
+        }
         done = std::move(state->s);
       }
       self->retire(std::move(done));
-      json_writer w;
-      w.begin_object().key("op").string("sub_dropped").key("sub").string(state->name);
-      w.key("reason").string("slow_consumer").key("last_seq").integer(last_seq).end_object();
-      self->emit(w.take(), "sub_dropped", out_kind::forced);
-      self->gw->metrics.slow_consumer();
-      self->gw->log("warn", "sub_dropped",
-                    fmt::format("\"session\":{},\"sub\":{},\"last_seq\":{}", json_quote(self->id),
-                                json_quote(state->name), last_seq));
-      std::lock_guard lock(self->mu);
-      auto it = self->subs.find(state->name);
-      if (it != self->subs.end() && it->second == state) self->subs.erase(it);
+      self->announce_drop(state, last_seq);
     };
     auto s =
         gw->timed([&] { return st->b->topics().subscribe(pattern, *from, on_event, on_dropped); });
@@ -798,14 +805,35 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     json_writer w;
     w.begin_object().key("sub").string(state->name).end_object();
     reply_members(rq, w.take());
-    std::lock_guard lock(state->mu);
-    for (auto& frame : state->pending) {
-      if (state->over) break;
-      emit(std::move(frame), "event", out_kind::forced);
+    std::optional<std::uint64_t> dropped_at;
+    {
+      std::lock_guard lock(state->mu);
+      for (auto& frame : state->pending) emit(std::move(frame), "event", out_kind::forced);
+      state->pending.clear();
+      state->pending_bytes = 0;
+      state->started = true;
+      dropped_at = state->dropped_at;
+      if (dropped_at) stale = std::move(state->s);
     }
-    state->pending.clear();
-    state->pending_bytes = 0;
-    state->started = true;
+    if (dropped_at) {
+      retire(std::move(stale));
+      announce_drop(state, *dropped_at);
+    }
+  }
+
+  // Tells the client its subscription was dropped, and forgets it.
+  void announce_drop(const std::shared_ptr<sub_state>& state, std::uint64_t last_seq) {
+    json_writer w;
+    w.begin_object().key("op").string("sub_dropped").key("sub").string(state->name);
+    w.key("reason").string("slow_consumer").key("last_seq").integer(last_seq).end_object();
+    emit(w.take(), "sub_dropped", out_kind::forced);
+    gw->metrics.slow_consumer();
+    gw->log("warn", "sub_dropped",
+            fmt::format("\"session\":{},\"sub\":{},\"last_seq\":{}", json_quote(id),
+                        json_quote(state->name), last_seq));
+    std::lock_guard lock(mu);
+    auto it = subs.find(state->name);
+    if (it != subs.end() && it->second == state) subs.erase(it);
   }
 
   void on_unsubscribe(request& rq) {
@@ -1013,7 +1041,16 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     auto headers = headers_at(rq.frame);
     auto env = check_envelope(me, std::string(job.view()), body, type, headers, {});
     if (!env) return fail(rq, env.error());
-    auto spend = admit(rq, me, body.size());
+    // A resubmission (an idempotency key already bound) counts against the rate, not the
+    // budget: it is answered with its task even when the budget is spent.
+    auto key = string_or_empty(rq.frame, "idempotency_key");
+    auto spend = admit(rq, me, body.size(), [&]() -> result<bool> {
+      if (key.empty()) return true;
+      auto bound = gw->timed(
+          [&] { return st->b->tasks().find_idempotency_key(me.ns, me.participant, key); });
+      if (!bound) return bound.error();
+      return !bound->has_value();
+    });
     if (!spend) return;
     std::optional<int> max_attempts;
     if (auto m = int_at(rq.frame, "max_attempts")) max_attempts = static_cast<int>(*m);

@@ -109,6 +109,13 @@ class task_store {
   result<binding> bind_idempotency_key(const namespace_name& ns, const participant_name& submitter,
                                        std::string_view key, const task_id& proposed);
 
+  /// The task an idempotency key of `submitter` is bound to, or `std::nullopt` when it is
+  /// not bound (a read: nothing is bound). Errors: `bad_request` for a key outside
+  /// 1..256 bytes, `unavailable`, `internal` for a stored value that is not a task id.
+  result<std::optional<task_id>> find_idempotency_key(const namespace_name& ns,
+                                                      const participant_name& submitter,
+                                                      std::string_view key);
+
   const std::shared_ptr<transport>& backend() const noexcept { return transport_; }
 
   task_store(std::shared_ptr<transport> t, std::string bucket);

@@ -593,3 +593,50 @@ TEST_CASE("shutdown closes every session with 1001", "[session]") {
   CHECK(pending.carrier->close_code == 1001);
   CHECK_FALSE(rig.gw->ready());
 }
+
+TEST_CASE("an idempotent resubmission is answered with its task even when the budget is spent",
+          "[session]") {
+  gateway_rig rig([](amp::server_config& c) {
+    c.participant_policies["prod"].per_day = std::optional<std::int64_t>(1);
+  });
+  auto w = rig.connect("prod");
+  auto first = w.request(R"({"op":"submit","id":1,"job":"j","body":1,"idempotency_key":"k"})", "1");
+  REQUIRE(first.op() == "ok");
+  CHECK(w.request(R"({"op":"submit","id":2,"job":"j","body":2})", "2").code() ==
+        "budget_exhausted");
+  auto again = w.request(R"({"op":"submit","id":3,"job":"j","body":1,"idempotency_key":"k"})", "3");
+  REQUIRE(again.op() == "ok");
+  CHECK_FALSE(again.flag("/created"));
+  CHECK(again.str("/task") == first.str("/task"));
+}
+
+TEST_CASE(
+    "a replay larger than the outbound limit: the ok, the events up to last_seq, then sub_dropped",
+    "[session]") {
+  gateway_rig rig({}, 4096);
+  auto pub = rig.connect("pub");
+  std::vector<std::int64_t> seqs;
+  for (int i = 0; i < 20; ++i) {
+    auto r = pub.request(
+        R"({"op":"publish","id":1,"topic":"big","body":")" + std::string(500, 'x') + "\"}", "1");
+    REQUIRE(r.op() == "ok");
+    seqs.push_back(r.num("/seq"));
+  }
+  auto sub = rig.connect("sub");
+  sub.send(R"({"op":"subscribe","id":"s","topic":"big","from":"all"})");
+  sub.collect();
+  REQUIRE(sub.seen.size() >= 3);
+  CHECK(sub.seen.front().op() == "ok");
+  CHECK(sub.seen.back().op() == "sub_dropped");
+  auto last_seq = sub.seen.back().num("/last_seq");
+  std::vector<std::int64_t> got;
+  for (std::size_t i = 1; i + 1 < sub.seen.size(); ++i) {
+    REQUIRE(sub.seen[i].op() == "event");
+    got.push_back(sub.seen[i].num("/seq"));
+  }
+  REQUIRE_FALSE(got.empty());
+  CHECK(got.back() == last_seq);
+  CHECK(got == std::vector<std::int64_t>(seqs.begin(),
+                                         seqs.begin() + static_cast<std::ptrdiff_t>(got.size())));
+  CHECK(got.size() < seqs.size());
+}
