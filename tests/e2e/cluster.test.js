@@ -1,0 +1,127 @@
+'use strict';
+// Two amp-servers on one NATS (spec §5, §7, §8 "Budgets hold across several gateways"):
+// messages cross from one to the other, workers on both share the tasks, budgets are
+// shared, presence is seen on both. JetStream only: the memory transport lives in one
+// process.
+
+const { describe, it, before, after } = require('node:test');
+const assert = require('node:assert/strict');
+
+const { Env, delay, suiteOptions, transports, uniqueNs } = require('./lib/harness');
+
+const CONFIG = {
+  jobs: { '*': { lease_s: 30, max_attempts: 3, decline_delay_ms: 100 } },
+  policy: { participants: { budgeted: { budget: { per_day: 4 } } } },
+};
+
+const run = transports().includes('jetstream');
+
+const options = suiteOptions('jetstream', { skip: run ? false : 'jetstream not selected', concurrency: true });
+
+describe('two amp-servers on one NATS (jetstream)', options, () => {
+  const env = new Env('jetstream');
+  let a;
+  let b;
+  before(async () => {
+    await env.setup();
+    [a, b] = await Promise.all([env.server(CONFIG, { name: 'amp-server-a' }), env.server(CONFIG, { name: 'amp-server-b' })]);
+  });
+  after(() => env.teardown());
+
+  it('a participant on server A sends to a participant on server B, and back', async () => {
+    const ns = uniqueNs();
+    const alice = await env.connect(a, ns, 'alice');
+    const bob = await env.connect(b, ns, 'bob');
+    const sent = await alice.ok('send', { to: 'bob', body: 'from A', correlation: 'c-9' });
+    const m = await bob.next('message');
+    assert.deepEqual([m.seq, m.envelope.from, m.envelope.body, m.envelope.correlation], [sent.seq, 'alice', 'from A', 'c-9']);
+    await bob.ok('ack', { seq: m.seq });
+    const reply = await bob.ok('send', { to: 'alice', body: 'from B', correlation: 'c-9' });
+    const r = await alice.next('message');
+    assert.deepEqual([r.seq, r.envelope.from, r.envelope.body], [reply.seq, 'bob', 'from B']);
+    await alice.ok('ack', { seq: r.seq });
+    // topics too
+    await bob.ok('subscribe', { topic: 'news.>', sub: 'n' });
+    const p = await alice.ok('publish', { topic: 'news.eu', body: 1 });
+    assert.equal((await bob.next('event')).seq, p.seq);
+  });
+
+  it('workers on both servers share the tasks; each task is completed exactly once', async () => {
+    const ns = uniqueNs();
+    const submitter = await env.connect(a, ns, 'submitter');
+    const workers = [await env.connect(a, ns, 'wa'), await env.connect(b, ns, 'wb')];
+    const completedBy = new Map(); // task → worker
+    const perWorker = { wa: 0, wb: 0 };
+    let stop = false;
+    const loops = workers.map(async (w) => {
+      await w.ok('register', { jobs: ['resize'], slots: 2 });
+      while (!stop) {
+        let offer;
+        try {
+          offer = await w.next('offer', 500);
+        } catch {
+          continue;
+        }
+        const claim = await w.request('claim', { task: offer.task });
+        if (claim.op !== 'ok') continue; // (cannot happen: one offer per task at a time)
+        await delay(30); // some work, so that both servers get their share
+        const done = await w.ok('complete', { task: offer.task, result: w.name });
+        assert.notEqual(done.duplicate, true);
+        assert.equal(completedBy.has(offer.task), false, `task ${offer.task} completed twice`);
+        completedBy.set(offer.task, w.name);
+        perWorker[w.name] += 1;
+      }
+    });
+    const N = 30;
+    const tasks = [];
+    for (let i = 0; i < N; i++) tasks.push((await submitter.ok('submit', { job: 'resize', body: i })).task);
+    const notices = new Map();
+    try {
+      while (notices.size < N) {
+        const m = await submitter.next('message', 20000, (f) => f.envelope.from === '$broker');
+        await submitter.ok('ack', { seq: m.seq });
+        assert.equal(m.envelope.type, 'amp.task.completed');
+        assert.equal(notices.has(m.envelope.body.task), false, `two notices for ${m.envelope.body.task}`);
+        notices.set(m.envelope.body.task, m.envelope.body.result);
+      }
+    } finally {
+      stop = true;
+      await Promise.all(loops);
+    }
+    assert.deepEqual([...notices.keys()].sort(), [...tasks].sort());
+    assert.deepEqual([...completedBy.keys()].sort(), [...tasks].sort());
+    for (const [task, by] of completedBy) assert.equal(notices.get(task), by);
+    assert.ok(perWorker.wa > 0 && perWorker.wb > 0, `both servers' workers got tasks: ${JSON.stringify(perWorker)}`);
+    assert.equal(perWorker.wa + perWorker.wb, N);
+  });
+
+  it('a budget holds across the two servers', async () => {
+    const ns = uniqueNs();
+    const onA = await env.connect(a, ns, 'budgeted');
+    const onB = await env.connect(b, ns, 'budgeted');
+    await onA.ok('send', { to: 'bob', body: 1 });
+    await onB.ok('send', { to: 'bob', body: 2 });
+    await onA.ok('publish', { topic: 'news.eu', body: 3 });
+    await onB.ok('submit', { job: 'resize', body: 4 });
+    await onA.fails('send', { to: 'bob', body: 5 }, 'budget_exhausted');
+    await onB.fails('send', { to: 'bob', body: 6 }, 'budget_exhausted');
+    await onB.fails('publish', { topic: 'news.eu', body: 7 }, 'budget_exhausted');
+    // another participant is not affected
+    const other = await env.connect(b, ns, 'other');
+    await other.ok('send', { to: 'bob', body: 8 });
+  });
+
+  it('presence: a watcher on one server sees a worker register and leave on the other', async () => {
+    const ns = uniqueNs();
+    const watcher = await env.connect(a, ns, 'watcher');
+    await watcher.ok('watch');
+    const w = await env.connect(b, ns, 'w');
+    await w.ok('register', { jobs: ['resize'] });
+    const up = await watcher.next('presence', 10000, (p) => p.participant === 'w');
+    assert.deepEqual([up.state, up.reason], ['up', 'registered']);
+    assert.deepEqual((await watcher.ok('who', { job: 'resize' })).participants.map((p) => p.participant), ['w']);
+    await w.ok('bye');
+    const down = await watcher.next('presence', 10000, (p) => p.participant === 'w');
+    assert.deepEqual([down.state, down.reason], ['down', 'left']);
+  });
+});
