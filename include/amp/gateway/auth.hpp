@@ -141,7 +141,7 @@ struct token_claims {
   time_point exp;   ///< expiry, written as whole seconds since the epoch (rounded down)
   std::optional<time_point> nbf{};  ///< not before, when set
   std::optional<time_point> iat{};  ///< issued at, when set
-  std::string aud{};              ///< the audience, when not empty (a string)
+  std::string aud{};                ///< the audience, when not empty (a string)
   /// The `amp` claim as JSON text, spliced as it is (e.g.
   /// `{"send":["*"],"subscribe":["news.>"]}`); empty: no `amp` claim.
   std::string amp_json{};
