@@ -33,6 +33,16 @@ class ws_link final : public link {
     endpoint_.clear_error_channels(websocketpp::log::elevel::all);
     endpoint_.init_asio(&io);
     endpoint_.set_max_message_size(k_max_message_bytes);
+    // Frames are small and answered at once: without TCP_NODELAY, Nagle's algorithm and the
+    // peer's delayed ACK hold a frame back up to 40 ms.
+    // (Set once the socket is connected: the socket init handler runs before it is open.)
+    endpoint_.set_tcp_pre_init_handler([this](websocketpp::connection_hdl h) {
+      websocketpp::lib::error_code ec;
+      auto con = endpoint_.get_con_from_hdl(std::move(h), ec);
+      if (ec || !con) return;
+      websocketpp::lib::asio::error_code ignored;
+      con->get_raw_socket().set_option(websocketpp::lib::asio::ip::tcp::no_delay(true), ignored);
+    });
     const auto open_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(settings_.open_timeout).count();
     endpoint_.set_open_handshake_timeout(static_cast<long>(open_ms > 0 ? open_ms : 1));
