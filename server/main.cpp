@@ -2,6 +2,7 @@
 // (NATS JetStream, or the embedded memory transport) and the gateway, and carries the
 // gateway's sessions over WebSocket (websocket.cpp). Every AMP rule lives in the library.
 
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -135,6 +136,10 @@ int run(const std::vector<std::string>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Frames over 128 KiB are allocated with mmap and given back when freed. glibc otherwise
+  // raises that threshold after the first such free, and every worker thread's arena then
+  // keeps the largest frames it has seen.
+  ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   try {
     return run(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const std::exception& e) {

@@ -34,6 +34,7 @@ result<envelope> parse_envelope(std::string_view json) {
 
   // A dom::parser is not thread-safe: one per thread, reused for its buffers.
   thread_local dom::parser parser;
+  detail::parser_release release(parser);
   dom::element root;
   if (auto code = parser.parse(json.data(), json.size()).get(root)) {
     return detail::not_json_error(code);

@@ -193,6 +193,7 @@ result<void> json_check(std::string_view text) {
   // One parser per thread: a dom::parser is not thread-safe, and reusing it keeps its
   // buffers (sized by the largest document this thread has checked).
   thread_local simdjson::dom::parser parser;
+  detail::parser_release release(parser);
   if (auto code = parser.parse(text.data(), text.size()).error()) {
     return detail::not_json_error(code);
   }

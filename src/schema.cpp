@@ -295,6 +295,7 @@ result<json_schema> json_schema::embedded(std::string_view name) {
 result<void> json_schema::validate(std::string_view document_json) const {
   // A dom::parser is not thread-safe: one per thread, reused for its buffers.
   thread_local dom::parser parser;
+  detail::parser_release release(parser);
   dom::element root;
   if (auto code = parser.parse(document_json.data(), document_json.size()).get(root)) {
     return detail::not_json_error(code);

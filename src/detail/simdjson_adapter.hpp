@@ -38,6 +38,24 @@ namespace amp::detail {
 
 namespace dom = simdjson::dom;
 
+/// A thread's reusable parser keeps buffers sized by the largest document it parsed. This
+/// gives them back when the scope ends if they grew past 256 KiB, so that every worker
+/// thread does not keep the largest frame it ever saw (elements of the document must not
+/// outlive the scope).
+class parser_release {
+ public:
+  explicit parser_release(dom::parser& p) noexcept : parser_(p) {}
+  ~parser_release() {
+    if (parser_.capacity() > k_keep_bytes) parser_ = dom::parser();
+  }
+  parser_release(const parser_release&) = delete;
+  parser_release& operator=(const parser_release&) = delete;
+
+ private:
+  static constexpr std::size_t k_keep_bytes = 256 * 1024;
+  dom::parser& parser_;
+};
+
 /// The error for text that simdjson refuses.
 inline error not_json_error(simdjson::error_code code) {
   return error(errc::bad_request, std::string("not valid JSON: ") + simdjson::error_message(code));

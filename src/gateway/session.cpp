@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -18,6 +19,7 @@
 
 #include "amp/json.hpp"
 #include "amp/timestamp.hpp"
+#include "detail/simdjson_adapter.hpp"
 #include "gateway/gateway_state.hpp"
 
 namespace amp {
@@ -38,7 +40,8 @@ constexpr std::int64_t k_max_safe_integer = 9007199254740991;  // 2^53 - 1
 // bound.
 constexpr std::size_t k_max_inbound_frames = 8192;
 constexpr std::size_t k_min_inbound_bytes = 64u << 20;
-constexpr std::size_t k_frames_per_turn = 64;
+// The most frames of one session that run at once (on different lanes).
+constexpr int k_max_running = 64;
 
 const std::map<std::string, json_schema, std::less<>>& frame_schemas() {
   static const auto schemas = [] {
@@ -149,10 +152,21 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   std::string id;
 
   // Frames waiting for the executor; drained one session at a time.
+  // A frame waiting to run, with its lane: frames of one lane run one at a time in the
+  // order they came; a frame without a lane (`barrier`) runs alone; frames of different
+  // lanes run at once (up to k_max_running of a session).
+  struct inbound_frame {
+    std::string text;
+    bool barrier = true;
+    std::string lane;  // empty with barrier false: no order to keep
+  };
+
   std::mutex in_mu;
-  std::deque<std::string> inbound;
+  std::deque<inbound_frame> inbound;
   std::size_t inbound_bytes = 0;
-  bool draining = false;
+  int running = 0;               // frames handed to the executor and not finished
+  bool barrier_running = false;  // one of them is a barrier
+  std::set<std::string, std::less<>> busy_lanes;
 
   std::atomic<bool> ended{false};    // closed() ran, or a close was asked of the carrier
   std::atomic<bool> cleaned{false};  // closed() ran
@@ -252,8 +266,42 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   // ---- inbound --------------------------------------------------------------------------
 
+  // Which lane `text` goes to: ops on one task share the task's lane, sends to one
+  // recipient and publishes on one topic keep their order, submits and acks keep none;
+  // everything else (hello, register, heartbeat, bye, subscriptions, watch, who, bad frames)
+  // is a barrier.
+  static void classify(inbound_frame& f) {
+    thread_local dom::parser parser;
+    detail::parser_release release(parser);
+    dom::element frame;
+    if (parser.parse(f.text.data(), f.text.size()).get(frame) || !frame.is_object()) return;
+    auto op = string_at(frame, "op");
+    if (!op) return;
+    auto lane_of = [&](std::string_view prefix, std::string_view member) {
+      auto v = string_at(frame, member);
+      if (!v) return;
+      f.barrier = false;
+      f.lane = fmt::format("{}:{}", prefix, *v);
+    };
+    if (*op == "claim" || *op == "decline" || *op == "complete" || *op == "fail" ||
+        *op == "cancel" || *op == "task" ||
+        (*op == "heartbeat" && frame.at_key("task").error() == simdjson::SUCCESS)) {
+      lane_of("task", "task");
+    } else if (*op == "send") {
+      lane_of("to", "to");
+    } else if (*op == "publish") {
+      lane_of("topic", "topic");
+    } else if (*op == "submit" || *op == "ack" || *op == "nack") {
+      f.barrier = false;
+    }
+  }
+
   void receive(std::string_view text) {
     if (ended) return;
+    inbound_frame f;
+    f.text = std::string(text);
+    classify(f);
+    std::vector<inbound_frame> start;
     {
       std::lock_guard lock(in_mu);
       if (inbound.size() >= k_max_inbound_frames ||
@@ -262,44 +310,67 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
         gw->log("warn", "inbound_overflow", fmt::format("\"session\":{}", json_quote(id)));
         return;
       }
-      inbound.emplace_back(text);
       inbound_bytes += text.size();
-      if (draining) return;
-      draining = true;
+      inbound.push_back(std::move(f));
+      start = startable();
     }
-    schedule();
+    run(std::move(start));
   }
 
   std::size_t max_inbound_bytes() const {
     return std::max<std::size_t>(k_min_inbound_bytes, 4 * gw->opts.config.limits.max_frame_bytes);
   }
 
-  void schedule() {
-    gw->post([self = shared_from_this()] { self->drain(); });
+  // The frames at the head of the queue that may start now (under in_mu). A frame never
+  // overtakes an earlier one: the first that must wait stops the scan.
+  std::vector<inbound_frame> startable() {
+    std::vector<inbound_frame> out;
+    while (!inbound.empty() && !ended) {
+      auto& f = inbound.front();
+      if (f.barrier) {
+        if (running > 0) break;
+        barrier_running = true;
+      } else {
+        if (barrier_running || running >= k_max_running) break;
+        if (!f.lane.empty() && !busy_lanes.insert(f.lane).second) break;
+      }
+      ++running;
+      inbound_bytes -= f.text.size();
+      out.push_back(std::move(f));
+      inbound.pop_front();
+      if (out.back().barrier) break;
+    }
+    if (ended) {
+      inbound.clear();
+      inbound_bytes = 0;
+    }
+    return out;
   }
 
-  void drain() {
-    for (std::size_t n = 0; n < k_frames_per_turn; ++n) {
-      std::string text;
-      {
-        std::lock_guard lock(in_mu);
-        if (inbound.empty() || ended) {
-          inbound.clear();
-          inbound_bytes = 0;
-          draining = false;
-          return;
-        }
-        text = std::move(inbound.front());
-        inbound.pop_front();
-        inbound_bytes -= text.size();
-      }
-      process(text);
+  void run(std::vector<inbound_frame> frames) {
+    for (auto& f : frames) {
+      gw->post([self = shared_from_this(), f = std::move(f)] {
+        self->process(f.text);
+        self->finished(f);
+      });
     }
-    schedule();  // let other sessions have the thread; the queue is not empty yet
+  }
+
+  void finished(const inbound_frame& f) {
+    std::vector<inbound_frame> start;
+    {
+      std::lock_guard lock(in_mu);
+      --running;
+      if (f.barrier) barrier_running = false;
+      if (!f.lane.empty()) busy_lanes.erase(f.lane);
+      start = startable();
+    }
+    run(std::move(start));
   }
 
   void process(std::string_view text) {
     thread_local dom::parser parser;
+    detail::parser_release release(parser);
     dom::element frame;
     if (auto err = parser.parse(text.data(), text.size()).get(frame)) {
       gw->metrics.frame_in("invalid");

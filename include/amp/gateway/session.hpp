@@ -16,11 +16,14 @@
 /// ```
 ///
 /// Threads. `receive`, `receive_binary` and `closed` never block on the backend: they
-/// parse and check the frame on the calling thread, then hand the operation to the
-/// gateway's executor, where the frames of one session run one at a time, in the order
-/// received (so a reply never overtakes the reply of an earlier request whose work ran
-/// first). The carrier is called from the calling thread, the executor's threads and the
-/// transport's threads, never concurrently for one session.
+/// queue the frame and hand it to the gateway's executor. Frames of one session that act
+/// on different things run at once (up to 64); frames on the same task, sends to the same
+/// recipient and publishes on the same topic run one at a time in the order received, and
+/// every other op (hello, register, heartbeat, bye, subscribe, watch, who …) waits for what
+/// came before it and runs alone (docs/protocol.md). Replies to concurrent requests may
+/// come in any order; each carries its request's `id`. The carrier is called from the
+/// calling thread, the executor's threads and the transport's threads, never concurrently
+/// for one session.
 
 #include <cstddef>
 #include <cstdint>
