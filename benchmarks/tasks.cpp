@@ -1,0 +1,421 @@
+// amp-bench-tasks: the task lifecycle through amp-server over WebSocket (issue 6 item 2):
+// a producer submits tasks, a worker with S slots claims and completes each offer, and the
+// producer counts the `amp.task.completed` notices in its inbox. Measures tasks/s at 1, 8
+// and 64 slots (submits pipelined), and submit-to-result latency at a fixed offered load.
+//
+//   amp-bench-tasks [--backend jetstream|memory] [--tasks N] [--runs R] [--slots LIST]
+//                   [--rate R] [--latency-tasks N] [--quick] [--out FILE]
+//
+// It starts its own nats-server (temporary file store) and amp-server (the binary built
+// with it) on free loopback ports, and the clients are amp::client connections.
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "amp/client.hpp"
+#include "amp/gateway/auth.hpp"
+#include "support/nats_server.hpp"
+
+extern char** environ;
+
+namespace {
+
+using namespace std::chrono_literals;
+using steady = std::chrono::steady_clock;
+
+constexpr std::string_view k_secret = "bench-secret-bench-secret-bench-secret";
+
+struct options {
+  std::string backend = "jetstream";
+  int tasks = 20000;
+  int runs = 3;
+  std::vector<int> slots = {1, 8, 64};
+  double rate = 1000;
+  int latency_tasks = 10000;
+  int window = 512;
+  std::string out = AMP_BENCH_TASKS_OUT;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "amp-bench-tasks: %s\n"
+               "usage: amp-bench-tasks [--backend jetstream|memory] [--tasks N] [--runs R]\n"
+               "       [--slots 1,8,64] [--rate TASKS_PER_S] [--latency-tasks N] [--window W]\n"
+               "       [--quick] [--out FILE]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--backend") {
+      o.backend = value();
+      if (o.backend != "jetstream" && o.backend != "memory")
+        usage("--backend: jetstream or memory");
+    } else if (a == "--tasks") {
+      o.tasks = std::stoi(value());
+    } else if (a == "--runs") {
+      o.runs = std::stoi(value());
+    } else if (a == "--rate") {
+      o.rate = std::stod(value());
+    } else if (a == "--latency-tasks") {
+      o.latency_tasks = std::stoi(value());
+    } else if (a == "--window") {
+      o.window = std::stoi(value());
+    } else if (a == "--slots") {
+      o.slots.clear();
+      std::string list = value();
+      std::size_t pos = 0;
+      while (pos < list.size()) {
+        auto comma = list.find(',', pos);
+        o.slots.push_back(std::stoi(list.substr(pos, comma - pos)));
+        pos = comma == std::string::npos ? list.size() : comma + 1;
+      }
+    } else if (a == "--quick") {
+      o.tasks = 3000;
+      o.runs = 1;
+      o.latency_tasks = 3000;
+    } else if (a == "--out") {
+      o.out = value();
+    } else if (a == "-h" || a == "--help") {
+      usage("help");
+    } else {
+      usage("unknown argument " + a);
+    }
+  }
+  if (o.tasks < 1 || o.runs < 1 || o.slots.empty() || o.rate <= 0 || o.window < 1)
+    usage("bad values");
+  return o;
+}
+
+// amp-server as a child process, on a free port, with its own configuration file.
+class server_process {
+ public:
+  server_process(const std::string& nats_url, std::uint16_t port) : port_(port) {
+    dir_ = std::filesystem::temp_directory_path() / fmt::format("amp-bench-tasks-{}", ::getpid());
+    std::filesystem::create_directories(dir_);
+    auto config = dir_ / "config.json";
+    std::ofstream(config) << fmt::format(
+        R"({{"listen":"127.0.0.1:{}",{}"auth":{{"secret":"{}"}},)"
+        R"("limits":{{"max_sessions":100000}},)"
+        R"("policy":{{"default":{{"rate":{{"per_s":1000000,"burst":1000000,"bytes_per_s":1e12}}}}}}}})",
+        port, nats_url.empty() ? "" : fmt::format(R"("nats":{{"url":"{}"}},)", nats_url), k_secret);
+    auto log = (dir_ / "server.log").string();
+    std::string path = AMP_SERVER_PATH;
+    std::vector<std::string> args = {path, "--config", config.string()};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), environ) != 0) {
+      throw std::runtime_error("cannot start " + path);
+    }
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  ~server_process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string url() const { return fmt::format("ws://127.0.0.1:{}/amp", port_); }
+
+ private:
+  std::filesystem::path dir_;
+  std::uint16_t port_;
+  pid_t pid_ = -1;
+};
+
+std::string token(const std::string& sub, const std::string& ns) {
+  return amp::mint_token(
+             {.sub = sub,
+              .ns = ns,
+              .exp = std::chrono::system_clock::now() + 1h,
+              .amp_json =
+                  R"({"send":["*"],"submit":["*"],"work":["*"],"publish":[">"],"subscribe":[">"]})"},
+             amp::jwt_alg::hs256, k_secret)
+      .value();
+}
+
+std::unique_ptr<amp::client> connect(const std::string& url, const std::string& sub,
+                                     const std::string& ns) {
+  for (int attempt = 0;; ++attempt) {
+    amp::client_options o;
+    o.url = url;
+    o.token = token(sub, ns);
+    o.request_timeout = 60s;
+    auto c = amp::client::connect(o);
+    if (c) return std::move(*c);
+    if (attempt > 100) throw std::runtime_error("cannot connect: " + c.error().to_string());
+    std::this_thread::sleep_for(50ms);
+  }
+}
+
+// Counts down, and wakes a waiter at zero.
+struct countdown {
+  std::mutex mu;
+  std::condition_variable cv;
+  long left = 0;
+  void done() {
+    std::lock_guard lock(mu);
+    if (--left == 0) cv.notify_all();
+  }
+  bool wait(std::chrono::seconds limit) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, limit, [&] { return left <= 0; });
+  }
+};
+
+// A worker that claims and completes every offer, with the task's body as its result.
+void become_worker(amp::client& w, int slots) {
+  w.on_push([&w](const amp::client_frame& f) {
+    if (f.op() != "offer") return;
+    auto task = f.string_at("/task").value_or("");
+    auto body = f.raw_at("/envelope/body").value_or("null");
+    auto claim = fmt::format(R"("task":"{}")", task);
+    w.async_request("claim", claim, [&w, task, body](amp::result<amp::client_frame> r) {
+      if (!r) return;  // the offer moved on
+      w.async_request("complete", fmt::format(R"("task":"{}","result":{})", task, body),
+                      [](amp::result<amp::client_frame>) {});
+    });
+  });
+  auto reg = w.register_worker({"bench"}, slots);
+  if (!reg) throw std::runtime_error("register: " + reg.error().to_string());
+}
+
+std::string body_at(std::int64_t ns_since_start) {
+  // ~128 bytes of JSON, the submit time inside so that the result carries it back.
+  return fmt::format(
+      R"({{"t0":{},"image":"s3://bench/images/0000000000.png","w":640,"h":480,"pad":"{}"}})",
+      ns_since_start, std::string(40, 'x'));
+}
+
+struct throughput_result {
+  double tasks_per_s = 0;
+  double seconds = 0;
+};
+
+// Submits `n` tasks with at most `window` submits in flight; returns when every completion
+// notice arrived.
+throughput_result run_throughput(const std::string& url, int n, int slots, int window, int run) {
+  auto ns = fmt::format("tp{}s{}r{}", ::getpid() % 100000, slots, run);
+  auto worker = connect(url, "worker", ns);
+  become_worker(*worker, slots);
+  auto producer = connect(url, "producer", ns);
+  countdown finished;
+  finished.left = n;
+  producer->on_push([&](const amp::client_frame& f) {
+    if (f.op() != "message") return;
+    (void)producer->notify("ack", fmt::format(R"("seq":{})", f.int_at("/seq").value_or(0)));
+    if (f.string_at("/envelope/type") == "amp.task.completed") finished.done();
+  });
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_flight = 0;
+  std::atomic<int> failed{0};
+  auto start = steady::now();
+  for (int i = 0; i < n; ++i) {
+    {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return in_flight < window; });
+      ++in_flight;
+    }
+    auto fields = fmt::format(R"("job":"bench","body":{})", body_at(0));
+    producer->async_request("submit", fields, [&](amp::result<amp::client_frame> r) {
+      if (!r) ++failed;
+      std::lock_guard lock(mu);
+      --in_flight;
+      cv.notify_one();
+    });
+  }
+  if (!finished.wait(600s) || failed > 0) {
+    throw std::runtime_error(fmt::format(
+        "throughput run did not finish: {} left, {} submits failed", finished.left, failed.load()));
+  }
+  double seconds = std::chrono::duration<double>(steady::now() - start).count();
+  producer->on_push({});
+  worker->on_push({});
+  return {n / seconds, seconds};
+}
+
+struct latency_result {
+  double p50_ms = 0, p99_ms = 0, p999_ms = 0, achieved_rate = 0;
+};
+
+// Submits at `rate` tasks/s (one at a time, paced) with 8 worker slots; the latency of a
+// task is from its submit to its completion notice at the producer.
+latency_result run_latency(const std::string& url, int n, double rate, int run) {
+  auto ns = fmt::format("lat{}r{}", ::getpid() % 100000, run);
+  auto worker = connect(url, "worker", ns);
+  become_worker(*worker, 8);
+  auto producer = connect(url, "producer", ns);
+  auto origin = steady::now();
+  std::vector<double> latencies;
+  latencies.reserve(static_cast<std::size_t>(n));
+  std::mutex mu;
+  countdown finished;
+  finished.left = n;
+  producer->on_push([&](const amp::client_frame& f) {
+    if (f.op() != "message") return;
+    (void)producer->notify("ack", fmt::format(R"("seq":{})", f.int_at("/seq").value_or(0)));
+    if (f.string_at("/envelope/type") != "amp.task.completed") return;
+    auto t0 = f.int_at("/envelope/body/result/t0");
+    if (!t0) return;
+    auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now() - origin).count();
+    {
+      std::lock_guard lock(mu);
+      latencies.push_back(static_cast<double>(now - *t0) / 1e6);
+    }
+    finished.done();
+  });
+  auto interval = std::chrono::duration<double>(1.0 / rate);
+  auto start = steady::now();
+  for (int i = 0; i < n; ++i) {
+    auto due = start + std::chrono::duration_cast<steady::duration>(interval * i);
+    std::this_thread::sleep_until(due);
+    auto t0 = std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now() - origin).count();
+    producer->async_request("submit", fmt::format(R"("job":"bench","body":{})", body_at(t0)),
+                            [](amp::result<amp::client_frame>) {});
+  }
+  auto sent_seconds = std::chrono::duration<double>(steady::now() - start).count();
+  if (!finished.wait(600s)) throw std::runtime_error("latency run did not finish");
+  producer->on_push({});
+  worker->on_push({});
+  std::sort(latencies.begin(), latencies.end());
+  auto pct = [&](double p) {
+    auto i = static_cast<std::size_t>(p * static_cast<double>(latencies.size() - 1));
+    return latencies[i];
+  };
+  return {pct(0.50), pct(0.99), pct(0.999), n / sent_seconds};
+}
+
+struct summary {
+  double min = 0, median = 0, max = 0;
+  std::vector<double> runs;
+};
+
+summary summarize(std::vector<double> v) {
+  summary s;
+  s.runs = v;
+  std::sort(v.begin(), v.end());
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v[v.size() / 2];
+  return s;
+}
+
+std::string json_of(const summary& s) {
+  std::string runs;
+  for (auto r : s.runs) runs += (runs.empty() ? "" : ",") + fmt::format("{:.2f}", r);
+  return fmt::format(R"({{"min":{:.2f},"median":{:.2f},"max":{:.2f},"runs":[{}]}})", s.min,
+                     s.median, s.max, runs);
+}
+
+std::string read_first_line(const char* path, std::string_view prefix = {}) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (prefix.empty() || line.rfind(prefix, 0) == 0) return line;
+  }
+  return {};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto o = parse(argc, argv);
+  std::optional<amp::testing::nats_server> nats;
+  if (o.backend == "jetstream") nats.emplace(amp::testing::nats_server::start());
+  auto port = static_cast<std::uint16_t>(amp::testing::free_port());
+  server_process server(nats ? nats->url() : std::string(), port);
+  const auto url = server.url();
+  auto loadavg_before = read_first_line("/proc/loadavg");
+
+  std::map<int, summary> throughput;
+  for (int slots : o.slots) {
+    std::vector<double> v;
+    for (int r = 0; r < o.runs; ++r) {
+      auto t = run_throughput(url, o.tasks, slots, o.window, r);
+      std::printf("throughput slots=%d run=%d: %.0f tasks/s (%d tasks in %.2f s)\n", slots, r + 1,
+                  t.tasks_per_s, o.tasks, t.seconds);
+      std::fflush(stdout);
+      v.push_back(t.tasks_per_s);
+    }
+    throughput[slots] = summarize(v);
+  }
+  std::vector<double> p50, p99, p999, achieved;
+  for (int r = 0; r < o.runs; ++r) {
+    auto l = run_latency(url, o.latency_tasks, o.rate, r);
+    std::printf("latency at %.0f tasks/s run=%d: p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms\n", o.rate,
+                r + 1, l.p50_ms, l.p99_ms, l.p999_ms);
+    std::fflush(stdout);
+    p50.push_back(l.p50_ms);
+    p99.push_back(l.p99_ms);
+    p999.push_back(l.p999_ms);
+    achieved.push_back(l.achieved_rate);
+  }
+
+  std::printf("\namp-server task lifecycle (%s backend, %d tasks per run, %d runs)\n",
+              o.backend.c_str(), o.tasks, o.runs);
+  std::printf("%-24s %12s %12s %12s\n", "figure", "min", "median", "max");
+  for (auto& [slots, s] : throughput) {
+    std::printf("%-24s %12.0f %12.0f %12.0f\n", fmt::format("tasks/s, {} slots", slots).c_str(),
+                s.min, s.median, s.max);
+  }
+  auto s50 = summarize(p50), s99 = summarize(p99), s999 = summarize(p999);
+  std::printf("%-24s %12.2f %12.2f %12.2f\n", fmt::format("p50 ms at {:.0f}/s", o.rate).c_str(),
+              s50.min, s50.median, s50.max);
+  std::printf("%-24s %12.2f %12.2f %12.2f\n", fmt::format("p99 ms at {:.0f}/s", o.rate).c_str(),
+              s99.min, s99.median, s99.max);
+
+  std::string tp;
+  for (auto& [slots, s] : throughput)
+    tp += (tp.empty() ? "" : ",") + fmt::format(R"("{}":{})", slots, json_of(s));
+  auto cpu = read_first_line("/proc/cpuinfo", "model name");
+  auto json = fmt::format(
+      R"({{"benchmark":"amp-bench-tasks","via":"amp-server over WebSocket, amp::client","backend":"{}",)"
+      R"("storage":"file","tasks":{},"runs":{},"window":{},"body_bytes":{},)"
+      R"("machine":{{"cpus":{},"cpu":"{}","loadavg_before":"{}","loadavg_after":"{}"}},)"
+      R"("throughput_tasks_per_s":{{{}}},)"
+      R"("latency":{{"offered_tasks_per_s":{},"tasks":{},"worker_slots":8,"achieved_tasks_per_s":{},)"
+      R"("p50_ms":{},"p99_ms":{},"p999_ms":{}}}}})",
+      o.backend, o.tasks, o.runs, o.window, body_at(0).size(), std::thread::hardware_concurrency(),
+      cpu.substr(cpu.find(':') == std::string::npos ? 0 : cpu.find(':') + 2), loadavg_before,
+      read_first_line("/proc/loadavg"), tp, o.rate, o.latency_tasks, json_of(summarize(achieved)),
+      json_of(s50), json_of(s99), json_of(s999));
+  std::ofstream(o.out) << json << "\n";
+  std::printf("\nwritten to %s\n", o.out.c_str());
+  return 0;
+}
