@@ -142,13 +142,13 @@ struct gateway_rig {
   std::shared_ptr<gateway> gw;
 
   explicit gateway_rig(const std::function<void(server_config&)>& tweak = {},
-                       std::size_t outbound_limit = 4u << 20) {
+                       std::size_t outbound_limit = 4u << 20, executor run = inline_executor()) {
     config.auth.secret = std::string(k_secret);
     if (tweak) tweak(config);
     gw = must(gateway::open({.config = config,
                              .backend = backend,
                              .server_name = "amp-test/1",
-                             .run = inline_executor(),
+                             .run = std::move(run),
                              .outbound_limit_bytes = outbound_limit}));
   }
   ~gateway_rig() { gw->shutdown(); }

@@ -640,3 +640,76 @@ TEST_CASE(
                                          seqs.begin() + static_cast<std::ptrdiff_t>(got.size())));
   CHECK(got.size() < seqs.size());
 }
+
+namespace {
+
+// An executor that keeps the work until the test runs it, newest first: the most
+// adversarial order a pool of threads could produce.
+struct lifo_executor {
+  std::shared_ptr<std::vector<std::function<void()>>> queue =
+      std::make_shared<std::vector<std::function<void()>>>();
+  amp::executor run() const {
+    return [q = queue](std::function<void()> work) { q->push_back(std::move(work)); };
+  }
+  void drain() const {
+    while (!queue->empty()) {
+      auto work = std::move(queue->back());
+      queue->pop_back();
+      work();
+    }
+  }
+};
+
+std::vector<std::string> ids_of(wire& w, std::string_view op) {
+  w.collect();
+  std::vector<std::string> out;
+  for (auto& f : w.seen) {
+    if (f.op() == op) out.push_back(f.raw("/id"));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("frames of a session run concurrently across lanes, in order within one, barriers alone",
+          "[session]") {
+  lifo_executor pool;
+  gateway_rig rig({}, 4u << 20, pool.run());
+  auto connect = [&](std::string_view sub) {
+    auto w = rig.open();
+    w.send(R"({"op":"hello","id":"h","token":")" + rig.token(sub) + "\"}");
+    pool.drain();
+    REQUIRE(ids_of(w, "ok") == std::vector<std::string>{"\"h\""});
+    w.seen.clear();
+    return w;
+  };
+  auto alice = connect("alice");
+  auto bob = connect("bob");
+
+  // Two submits keep no order: run newest first, their replies come newest first.
+  alice.send(R"({"op":"submit","id":1,"job":"j","body":1})");
+  alice.send(R"({"op":"submit","id":2,"job":"j","body":2})");
+  pool.drain();
+  CHECK(ids_of(alice, "ok") == std::vector<std::string>{"2", "1"});
+  alice.seen.clear();
+
+  // Two sends to one recipient keep theirs, whatever the executor does.
+  alice.send(R"({"op":"send","id":3,"to":"bob","body":"first"})");
+  alice.send(R"({"op":"send","id":4,"to":"bob","body":"second"})");
+  pool.drain();
+  CHECK(ids_of(alice, "ok") == std::vector<std::string>{"3", "4"});
+  auto m1 = bob.next("message");
+  auto m2 = bob.next("message");
+  REQUIRE(m1);
+  REQUIRE(m2);
+  CHECK(m1->raw("/envelope/body") == R"("first")");
+  CHECK(m2->raw("/envelope/body") == R"("second")");
+  alice.seen.clear();
+
+  // A barrier waits for what came before it, and what comes after waits for it.
+  alice.send(R"({"op":"submit","id":5,"job":"j","body":5})");
+  alice.send(R"({"op":"who","id":6})");
+  alice.send(R"({"op":"submit","id":7,"job":"j","body":7})");
+  pool.drain();
+  CHECK(ids_of(alice, "ok") == std::vector<std::string>{"5", "6", "7"});
+}
