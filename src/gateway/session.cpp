@@ -689,14 +689,18 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
                                   .reply_to = env->reply_to,
                                   .correlation = env->correlation});
     });
-    if (!sent) {
-      refund(*spend);
-      return fail(rq, sent.error());
-    }
-    if (sent->duplicate) refund(*spend);
+    answer_stored(rq, *spend, sent);
+  }
+
+  // The answer to a send or publish (`send_result`, `publish_result`): a failure or a
+  // duplicate gives the budget unit back (a duplicate costs rate, not budget).
+  template <class Stored>
+  void answer_stored(const request& rq, const budget_spend& spend, const result<Stored>& stored) {
+    if (!stored || stored->duplicate) refund(spend);
+    if (!stored) return fail(rq, stored.error());
     json_writer w;
-    w.begin_object().key("seq").integer(sent->seq).key("msg_id").string(sent->msg_id);
-    w.key("duplicate").boolean(sent->duplicate).end_object();
+    w.begin_object().key("seq").integer(stored->seq).key("msg_id").string(stored->msg_id);
+    w.key("duplicate").boolean(stored->duplicate).end_object();
     reply_members(rq, w.take());
   }
 
@@ -752,15 +756,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
                                       .headers = env->headers,
                                       .msg_id = env->id});
     });
-    if (!published) {
-      refund(*spend);
-      return fail(rq, published.error());
-    }
-    if (published->duplicate) refund(*spend);
-    json_writer w;
-    w.begin_object().key("seq").integer(published->seq).key("msg_id").string(published->msg_id);
-    w.key("duplicate").boolean(published->duplicate).end_object();
-    reply_members(rq, w.take());
+    answer_stored(rq, *spend, published);
   }
 
   result<replay_from> replay_of(dom::element frame) {
