@@ -34,6 +34,20 @@ constexpr auto k_pull_quiet = std::chrono::milliseconds(100);
 
 // ----- small helpers ------------------------------------------------------------------
 
+// cnats spins on a contended mutex before it sleeps (2,000 tries by default). Its reader,
+// timer and garbage-collector threads and the callers' threads contend all the time, and
+// on a small machine the spinning takes the CPU the thread it waits for needs. An
+// application that called nats_Open itself keeps its own setting (the call is then a
+// no-op). AMP_NATS_LOCK_SPIN overrides the count, for measurements.
+void open_library() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::int64_t spin = 0;
+    if (const char* v = std::getenv("AMP_NATS_LOCK_SPIN")) spin = std::strtoll(v, nullptr, 10);
+    (void)nats_Open(spin);
+  });
+}
+
 std::int64_t to_ns(duration d) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
@@ -345,6 +359,7 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   result<void> open(const jetstream_options& o) {
+    open_library();
     natsOptions* opts = nullptr;
     if (natsOptions_Create(&opts) != NATS_OK) return unexpected(errc::internal, "no memory");
     std::unique_ptr<natsOptions, void (*)(natsOptions*)> guard(opts, natsOptions_Destroy);

@@ -18,6 +18,12 @@
 /// on the very thread that waits for it. Administrative operations block the calling
 /// thread for at most `op_timeout`.
 ///
+/// cnats locks. The first connection opens cnats with a lock spin count of 0 (cnats's
+/// default spins 2,000 times on a contended mutex before it sleeps, which on a small machine
+/// takes the CPU from the thread being waited for); the environment variable
+/// `AMP_NATS_LOCK_SPIN` sets another count. An application that called `nats_Open` before
+/// keeps its own.
+///
 /// Outages. cnats reconnects on its own, forever. While the server cannot be reached,
 /// every operation answers `unavailable` within `op_timeout`; a request that was sent
 /// before the connection dropped may still have been applied, so a publish that answered
