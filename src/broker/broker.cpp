@@ -22,18 +22,20 @@ result<std::shared_ptr<broker>> broker::open(std::shared_ptr<transport> t, broke
   auto reg = registry::open(t, config);
   if (!reg) return reg.error();
   b->registry_ = *reg;
-  if (!events.notify) {
+  if (!events.notify && !events.async_notify) {
     std::weak_ptr<amp::inbox> weak = b->inbox_;
-    events.notify = [weak](const task_notice& n) -> result<void> {
+    events.async_notify = [weak](const task_notice& n, std::function<void(result<void>)> done) {
       auto box = weak.lock();
-      if (!box) return unexpected(errc::unavailable, "broker closed");
-      auto sent = box->send({.to = n.to,
-                             .from = std::string(broker_sender),
-                             .body = n.body,
-                             .type = n.type,
-                             .msg_id = n.msg_id});
-      if (!sent) return sent.error();
-      return {};
+      if (!box) return done(unexpected(errc::unavailable, "broker closed"));
+      box->async_send({.to = n.to,
+                       .from = std::string(broker_sender),
+                       .body = n.body,
+                       .type = n.type,
+                       .msg_id = n.msg_id},
+                      [done = std::move(done)](result<send_result> sent) {
+                        if (!sent) return done(std::move(sent).error());
+                        done(result<void>{});
+                      });
     };
   }
   auto jobs = job_queue::open(t, config, b->tasks_, std::move(events));

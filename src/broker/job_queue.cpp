@@ -13,6 +13,7 @@
 #include "amp/json.hpp"
 #include "amp/subjects.hpp"
 #include "broker/common.hpp"
+#include "detail/wait_for.hpp"
 
 namespace amp {
 
@@ -68,6 +69,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   struct held {
     participant_name holder;
     timer_id timer = 0;
+    task_record record;  // as this job queue last wrote it: saves a read before the next write
   };
   mutable std::mutex mu;
   bool closed = false;
@@ -115,8 +117,9 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     {
       std::lock_guard lock(mu);
       if (closed) return;
-      auto [it, fresh] = leases.try_emplace(task, held{holder, 0});
+      auto [it, fresh] = leases.try_emplace(task, held{holder, 0, r});
       if (!fresh) {
+        it->second.record = r;
         t->clock()->cancel(it->second.timer);  // a heartbeat: one timer per lease
         if (it->second.holder != holder) displaced = it->second.holder;
         it->second.holder = holder;
@@ -131,6 +134,15 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     }
     // A claim over a lease that ran out elsewhere: its holder lost it.
     if (displaced) emit_lease_lost(*displaced, *task_id::make(task));
+  }
+
+  // The record of `task` as this job queue last wrote it for `holder`'s lease, if it did.
+  // A write based on it fails with `conflict` when anything changed the task since.
+  std::optional<task_record> written(std::string_view task, const participant_name& holder) {
+    std::lock_guard lock(mu);
+    auto it = leases.find(task);
+    if (it == leases.end() || it->second.holder != holder) return std::nullopt;
+    return it->second.record;
   }
 
   // Forgets `holder`'s lease on `task` (not a newer holder's); true when it was there.
@@ -220,8 +232,18 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   }
 
   // After a terminal state is committed: tell the submitter, then let the message go. A
-  // failed notice leaves the message for a redelivery, which notifies again.
+  // failed notice leaves the message for a redelivery, which notifies again. With
+  // `events.async_notify` both steps run in the background, in that order.
   void finish(const task_record& r, ack_kind kind) {
+    if (events.async_notify) {
+      std::optional<message> token;
+      if (!r.ack_token.empty()) token = token_message(r);
+      auto let_go = [self = shared_from_this(), token = std::move(token), kind](result<void> sent) {
+        if (sent && token) self->t->async_acknowledge(*token, kind, {}, [](result<void>) {});
+      };
+      if (auto n = notice_of(r)) return events.async_notify(*n, std::move(let_go));
+      return let_go(result<void>{});
+    }
     if (!notify(r) || r.ack_token.empty()) return;
     if (kind == ack_kind::ack) {
       (void)t->ack(token_message(r));
@@ -230,21 +252,29 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     }
   }
 
-  bool notify(const task_record& r) {
-    if (!events.notify) return true;
+  std::optional<task_notice> notice_of(const task_record& r) const {
     auto to = participant_name::make(r.submitted_by);
-    if (!to) return true;
-    task_notice n{.to = *to,
-                  .type = fmt::format("amp.task.{}", to_string(r.state)),
-                  .body = notice_body(r),
-                  .msg_id = fmt::format("{}.{}", r.task, to_string(r.state))};
-    return events.notify(n).has_value();
+    if (!to) return std::nullopt;
+    return task_notice{.to = *to,
+                       .type = fmt::format("amp.task.{}", to_string(r.state)),
+                       .body = notice_body(r),
+                       .msg_id = fmt::format("{}.{}", r.task, to_string(r.state))};
+  }
+
+  bool notify(const task_record& r) {
+    if (!events.notify && !events.async_notify) return true;
+    auto n = notice_of(r);
+    if (!n) return true;
+    if (events.notify) return events.notify(*n).has_value();
+    return detail::wait_for<void>([&](auto done) { events.async_notify(*n, std::move(done)); })
+        .has_value();
   }
 
   // ----- deliveries ------------------------------------------------------------------------
 
-  // Judges one delivered job message by the task's record: an offer, or nothing.
-  std::optional<offer> judge(message msg) {
+  // Judges one delivered job message by the task's record (`first`, when read already, for
+  // the first round): an offer, or nothing.
+  std::optional<offer> judge(message msg, std::optional<result<task_record>> first = {}) {
     auto header = find_header(msg.headers, k_task_header);
     auto task = task_id::make(header.value_or(""));
     auto env = parse_envelope(msg.data);
@@ -253,7 +283,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       return std::nullopt;
     }
     for (int round = 0; round < k_cas_rounds; ++round) {
-      auto rec = store->get(config.ns, *task);
+      auto rec = round == 0 && first ? std::move(*first) : store->get(config.ns, *task);
       if (!rec && rec.error().code() == errc::not_found) {
         rec = adopt(*task, *env, msg);
         if (!rec && rec.error().code() == errc::conflict) continue;
@@ -341,17 +371,41 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     return store->create(std::move(r));
   }
 
+  // Judges a fetched batch; the records of its tasks are read together first.
   std::vector<offer> judge_all(std::vector<message> msgs) {
+    std::vector<task_id> tasks;
+    std::vector<std::size_t> read_for;  // msgs[read_for[i]] is the message of tasks[i]
+    for (std::size_t i = 0; i < msgs.size(); ++i) {
+      if (auto task = task_id::make(find_header(msgs[i].headers, k_task_header).value_or(""))) {
+        tasks.push_back(std::move(*task));
+        read_for.push_back(i);
+      }
+    }
+    std::vector<std::optional<result<task_record>>> first(msgs.size());
+    if (tasks.size() > 1) {
+      auto records = store->get_many(config.ns, tasks);
+      for (std::size_t i = 0; i < records.size(); ++i) first[read_for[i]] = std::move(records[i]);
+    }
     std::vector<offer> out;
-    for (auto& m : msgs) {
-      if (auto o = judge(std::move(m))) out.push_back(std::move(*o));
+    for (std::size_t i = 0; i < msgs.size(); ++i) {
+      if (auto o = judge(std::move(msgs[i]), std::move(first[i]))) out.push_back(std::move(*o));
     }
     return out;
   }
 
-  // The record of `task` if `who` holds a live lease on it.
-  result<task_record> held_by(const task_id& task, const participant_name& who) {
-    auto rec = store->get(config.ns, task);
+  // The record of `task` to base `who`'s next write on: in round 0 the one this job queue
+  // wrote last for `who`'s lease when there is one (a stale one makes the write fail with
+  // `conflict`, and round 1 reads), read from the store otherwise.
+  result<task_record> latest(const task_id& task, const participant_name& who, int round) {
+    if (round == 0) {
+      if (auto w = written(task.view(), who)) return std::move(*w);
+    }
+    return store->get(config.ns, task);
+  }
+
+  // The record of `task` if `who` holds a live lease on it (see `latest`).
+  result<task_record> held_by(const task_id& task, const participant_name& who, int round) {
+    auto rec = latest(task, who, round);
     if (!rec) {
       if (rec.error().code() == errc::not_found) return lease_lost(task);
       return rec;
@@ -539,7 +593,7 @@ result<lease> job_queue::claim(const offer& o, const participant_name& who) {
     }
     return unexpected(errc::conflict, fmt::format("task {} moved on", o.task.task));
   }
-  (void)s_->t->in_progress(o.msg);
+  s_->t->async_acknowledge(o.msg, ack_kind::in_progress, {}, [](result<void>) {});
   s_->track(*stored, who);
   return lease{*task, stored->attempt, stored->lease_expires_at};
 }
@@ -556,7 +610,7 @@ result<void> job_queue::release(const offer& o) {
 
 result<lease> job_queue::heartbeat(const task_id& task, const participant_name& who) {
   for (int round = 0; round < k_cas_rounds; ++round) {
-    auto rec = s_->held_by(task, who);
+    auto rec = s_->held_by(task, who, round);
     if (!rec) return rec.error();
     rec->lease_expires_at = s_->now() + s_->job_of(*rec).lease;
     rec->updated_at = s_->now();
@@ -598,7 +652,7 @@ result<std::vector<lease>> job_queue::heartbeat_all(const participant_name& who)
 
 result<task_record> job_queue::release_lease(const task_id& task, const participant_name& who) {
   for (int round = 0; round < k_cas_rounds; ++round) {
-    auto rec = s_->held_by(task, who);
+    auto rec = s_->held_by(task, who, round);
     if (!rec) return rec;
     auto token = token_message(*rec);
     auto moved = s_->expire(std::move(*rec));
@@ -619,7 +673,7 @@ result<completion_result> job_queue::complete(const task_id& task, const partici
     return unexpected(errc::bad_request, "result: " + r.error().message());
   }
   for (int round = 0; round < k_cas_rounds; ++round) {
-    auto rec = s_->store->get(s_->config.ns, task);
+    auto rec = s_->latest(task, who, round);
     if (!rec) {
       if (rec.error().code() == errc::not_found) return lease_lost(task);
       return rec.error();
@@ -651,7 +705,7 @@ result<completion_result> job_queue::complete(const task_id& task, const partici
 result<task_record> job_queue::fail(const task_id& task, const participant_name& who,
                                     task_error error, bool retry, duration retry_delay) {
   for (int round = 0; round < k_cas_rounds; ++round) {
-    auto rec = s_->held_by(task, who);
+    auto rec = s_->held_by(task, who, round);
     if (!rec) return rec;
     auto token = token_message(*rec);
     rec->error = error;

@@ -11,6 +11,7 @@
 #include "amp/subjects.hpp"
 #include "amp/timestamp.hpp"
 #include "broker/common.hpp"
+#include "detail/wait_for.hpp"
 
 namespace amp {
 
@@ -234,15 +235,32 @@ result<task_record> task_store::create(task_record r) {
   return r;
 }
 
-result<task_record> task_store::get(const namespace_name& ns, const task_id& task) {
-  auto e = transport_->kv_get(bucket_, subjects::task_key(ns, task));
-  if (!e) {
-    if (e.error().code() == errc::not_found) {
-      return unexpected(errc::not_found, fmt::format("no task {}", task.view()));
-    }
-    return e.error();
+namespace {
+
+result<task_record> record_or_error(const result<kv_entry>& e, const task_id& task) {
+  if (e) return record_of(*e);
+  if (e.error().code() == errc::not_found) {
+    return unexpected(errc::not_found, fmt::format("no task {}", task.view()));
   }
-  return record_of(*e);
+  return e.error();
+}
+
+}  // namespace
+
+result<task_record> task_store::get(const namespace_name& ns, const task_id& task) {
+  return record_or_error(transport_->kv_get(bucket_, subjects::task_key(ns, task)), task);
+}
+
+std::vector<result<task_record>> task_store::get_many(const namespace_name& ns,
+                                                      const std::vector<task_id>& tasks) {
+  auto entries = detail::wait_for_all<kv_entry>(tasks.size(), [&](std::size_t i, auto done) {
+    transport_->async_kv_get(bucket_, subjects::task_key(ns, tasks[i]), std::move(done));
+  });
+  std::vector<result<task_record>> out;
+  out.reserve(tasks.size());
+  for (std::size_t i = 0; i < tasks.size(); ++i)
+    out.push_back(record_or_error(entries[i], tasks[i]));
+  return out;
 }
 
 result<task_record> task_store::update(task_record r) {

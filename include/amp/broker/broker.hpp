@@ -31,7 +31,8 @@ class broker {
  public:
   /// Opens every primitive of `config.ns` (creating streams, buckets and, when needed,
   /// the registry sweeper). `events.lease_lost` and `events.cancelled` are passed to the
-  /// job queue; `events.notify`, when empty, is the inbox (a `$broker` message).
+  /// job queue; when neither `events.notify` nor `events.async_notify` is set, notices go to
+  /// the inbox (a `$broker` message) through `async_notify`.
   /// Blocks. Errors: those of the primitives' `open` (`conflict`, `unavailable`,
   /// `bad_request` for a configuration out of range).
   static result<std::shared_ptr<broker>> open(std::shared_ptr<transport> t, broker_config config,

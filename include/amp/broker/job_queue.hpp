@@ -14,12 +14,18 @@
 ///   task is never lost; a retry with the same idempotency key finds the same task id and
 ///   publishes again under the same message id, so it is never duplicated.
 /// - a claim is a compare-and-set on the record read when the task was offered; then an
-///   in-progress ack restarts AckWait. A heartbeat extends the lease in the record, then
-///   sends in-progress. The record keeps the message's ack token, so any broker on the
-///   same backend can finish a task, not only the one that offered it.
+///   in-progress ack restarts AckWait (the claim does not wait for it). A heartbeat
+///   extends the lease in the record, then sends in-progress. The record keeps the
+///   message's ack token, so any broker on the same backend can finish a task, not only
+///   the one that offered it. A write on a lease held here starts from the record as last
+///   written here (a compare-and-set: if anything changed the task since, the write fails,
+///   the record is read and the write tried again), so a complete or a heartbeat costs one
+///   write, not a read and a write.
 /// - complete and fail check the lease in the record, commit the outcome, notify the
 ///   submitter, and only then acknowledge the message (commit-then-ack). A holder whose
-///   lease is gone gets `lease_lost` and nothing is acknowledged.
+///   lease is gone gets `lease_lost` and nothing is acknowledged. With
+///   `job_events::async_notify` (the broker's default) they return once the outcome is
+///   committed; the notice and then the acknowledgement follow in the background.
 /// - a message delivered again is judged by the record: a task already ended is
 ///   acknowledged and never offered; a live lease defers it (nak until the lease ends);
 ///   an expired lease returns the task to `queued`, or ends it `failed` with
@@ -107,6 +113,11 @@ struct job_events {
   /// Delivers a `task_notice` (the broker wires this to the inbox). An error leaves the
   /// job message unacknowledged, so the notice is sent again when it is delivered again.
   std::function<result<void>(const task_notice&)> notify{};
+  /// The same, asynchronously: calls `done` once the notice is stored (or failed to be),
+  /// on any thread. When set, complete, fail and cancel return once the outcome is
+  /// committed, and the notice and then the acknowledgement follow in the background.
+  /// `notify`, when also set, is used instead.
+  std::function<void(const task_notice&, std::function<void(result<void>)> done)> async_notify{};
 };
 
 /// Who asks: the participant, and whether it has `admin` (spec §3).

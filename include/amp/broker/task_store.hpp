@@ -91,6 +91,10 @@ class task_store {
   result<task_record> create(task_record r);
   /// The latest record; `not_found` when there is none.
   result<task_record> get(const namespace_name& ns, const task_id& task);
+  /// The latest records of `tasks`, in their order, each as `get` would answer it. The
+  /// reads go out together, so n records cost about one round trip, not n.
+  std::vector<result<task_record>> get_many(const namespace_name& ns,
+                                            const std::vector<task_id>& tasks);
   /// Writes `r` only when the task's latest revision is `r.revision`; returns the record
   /// with its new revision. `conflict` when the task moved on (someone else won).
   result<task_record> update(task_record r);
