@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -17,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "amp/detail/embedded_schemas.hpp"
 #include "amp/json.hpp"
 #include "amp/timestamp.hpp"
 #include "detail/simdjson_adapter.hpp"
@@ -43,13 +45,54 @@ constexpr std::size_t k_min_inbound_bytes = 64u << 20;
 // The most frames of one session that run at once (on different lanes).
 constexpr int k_max_running = 64;
 
-const std::map<std::string, json_schema, std::less<>>& frame_schemas() {
-  static const auto schemas = [] {
-    std::map<std::string, json_schema, std::less<>> m;
-    for (auto op : k_ops) {
-      m.emplace(std::string(op), json_schema::embedded(fmt::format("frames/{}", op)).value());
+// `frames/names` cut down to what applies to `op`: its `definitions` and the `then` of every
+// `allOf` branch whose `if` names `op` (the other branches' `if` fails for such a frame, so
+// they constrain nothing). The same verdicts as the whole schema, without evaluating every
+// op's branch on every frame. Empty when no branch names `op`.
+std::string names_schema_for(std::string_view op) {
+  std::string_view text;
+  for (const auto& e : detail::embedded_schemas()) {
+    if (e.name == "frames/names") text = e.text;
+  }
+  dom::parser parser;
+  dom::element root = parser.parse(text.data(), text.size()).value();
+  std::string branches;
+  dom::array all_of = root["allOf"].get_array().value();
+  for (dom::element branch : all_of) {
+    dom::element cond = branch["if"]["properties"]["op"].value();
+    bool names_op = false;
+    std::string_view one;
+    dom::array many;
+    if (!cond["const"].get(one)) names_op = one == op;
+    if (!cond["enum"].get(many)) {
+      for (dom::element e : many) names_op = names_op || e.get_string().value() == op;
     }
-    m.emplace("names", json_schema::embedded("frames/names").value());
+    if (!names_op) continue;
+    if (!branches.empty()) branches += ',';
+    branches += simdjson::minify(branch["then"].value());
+  }
+  if (branches.empty()) return {};
+  return fmt::format(R"({{"$schema":"http://json-schema.org/draft-07/schema#","definitions":{},)"
+                     R"("type":"object","allOf":[{}]}})",
+                     simdjson::minify(root["definitions"].value()), branches);
+}
+
+// Per op: the shape schema `frames/<op>`, and the names pass for it (see above), if any.
+struct frame_schema {
+  json_schema shape;
+  std::optional<json_schema> names;
+};
+
+const std::map<std::string, frame_schema, std::less<>>& frame_schemas() {
+  static const auto schemas = [] {
+    std::map<std::string, frame_schema, std::less<>> m;
+    for (auto op : k_ops) {
+      frame_schema f{json_schema::embedded(fmt::format("frames/{}", op)).value(), std::nullopt};
+      if (auto names = names_schema_for(op); !names.empty()) {
+        f.names = json_schema::parse(names).value();
+      }
+      m.emplace(std::string(op), std::move(f));
+    }
     return m;
   }();
   return schemas;
@@ -431,13 +474,15 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     }
     if (authenticated && op == "hello")
       return fail(rq, errc::bad_request, "hello was already said");
-    const auto& schemas = frame_schemas();
-    if (auto r = schemas.find(op)->second.validate(text); !r) {
+    const auto& schemas = frame_schemas().find(op)->second;
+    if (auto r = detail::schema_access::validate(schemas.shape, frame); !r) {
       return fail(rq, error(errc::bad_request, r.error().message(), r.error().path()));
     }
-    if (auto r = schemas.find("names")->second.validate(text); !r) {
-      return fail(rq, error(errc::invalid_name, name_problem(op, r.error().path(), frame),
-                            r.error().path()));
+    if (schemas.names) {
+      if (auto r = detail::schema_access::validate(*schemas.names, frame); !r) {
+        return fail(rq, error(errc::invalid_name, name_problem(op, r.error().path(), frame),
+                              r.error().path()));
+      }
     }
     try {
       dispatch(rq);
