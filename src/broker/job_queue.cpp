@@ -417,6 +417,51 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     return rec;
   }
 
+  // What completing `rec` for `who` comes to: an answer without a write (a repeated
+  // complete, a lease that is not `who`'s), or nothing, with `rec` made the record to write.
+  std::optional<result<completion_result>> completing(task_record& rec, const task_id& task,
+                                                      const participant_name& who,
+                                                      const std::string& result_json) {
+    if (rec.state == task_state::completed && rec.owner == who.str()) {
+      return completion_result{std::move(rec), true};
+    }
+    if (rec.state != task_state::running || rec.owner != who.str() ||
+        rec.lease_expires_at <= now()) {
+      return lease_lost(task);
+    }
+    rec.state = task_state::completed;
+    rec.result = result_json;
+    rec.error.reset();
+    rec.lease_expires_at = {};
+    rec.updated_at = now();
+    return std::nullopt;
+  }
+
+  // After the completed record is stored.
+  completion_result completed(const task_id& task, const participant_name& who,
+                              task_record stored) {
+    untrack(task.view(), who);
+    finish(stored, ack_kind::ack);
+    return completion_result{std::move(stored), false};
+  }
+
+  // `complete`'s compare-and-set rounds, from `first_round` (see `latest`).
+  result<completion_result> complete_from(const task_id& task, const participant_name& who,
+                                          const std::string& result_json, int first_round) {
+    for (int round = first_round; round < k_cas_rounds; ++round) {
+      auto rec = latest(task, who, round);
+      if (!rec) {
+        if (rec.error().code() == errc::not_found) return lease_lost(task);
+        return rec.error();
+      }
+      if (auto answer = completing(*rec, task, who, result_json)) return std::move(*answer);
+      auto stored = store->update(std::move(*rec));
+      if (stored) return completed(task, who, std::move(*stored));
+      if (stored.error().code() != errc::conflict) return stored.error();
+    }
+    return unexpected(errc::unavailable, fmt::format("task {} kept changing", task.view()));
+  }
+
   bool may_see(const task_record& r, const viewer& by) const {
     if (by.admin || r.submitted_by == by.who.str()) return true;
     return std::find(r.holders.begin(), r.holders.end(), by.who.str()) != r.holders.end();
@@ -475,11 +520,16 @@ const std::shared_ptr<task_store>& job_queue::store() const noexcept {
 }
 
 result<submit_result> job_queue::submit(submit_request req) {
+  return detail::wait_for<submit_result>(
+      [&](auto done) { async_submit(std::move(req), std::move(done)); });
+}
+
+void job_queue::async_submit(submit_request req, completion<submit_result> done) {
   auto& job = s_->config.job(req.job);
   int max_attempts = req.max_attempts.value_or(job.max_attempts);
   if (max_attempts < 1 || max_attempts > k_max_attempts_limit) {
-    return unexpected(errc::bad_request, fmt::format("max_attempts must be 1 to {}, not {}",
-                                                     k_max_attempts_limit, max_attempts));
+    return done(unexpected(errc::bad_request, fmt::format("max_attempts must be 1 to {}, not {}",
+                                                          k_max_attempts_limit, max_attempts)));
   }
   auto ts = s_->now();
   auto id = s_->store->new_id();
@@ -490,19 +540,19 @@ result<submit_result> job_queue::submit(submit_request req) {
                                     .headers = std::move(req.headers),
                                     .msg_id = id.str()},
                                    s_->config.ns.view(), ts);
-  if (!env) return env.error();
-  if (auto r = s_->ensure_job(req.job); !r) return r.error();
+  if (!env) return done(env.error());
+  if (auto r = s_->ensure_job(req.job); !r) return done(r.error());
 
   bool created = true;
   if (!req.idempotency_key.empty()) {
     auto bound = s_->store->bind_idempotency_key(s_->config.ns, req.from, req.idempotency_key, id);
-    if (!bound) return bound.error();
+    if (!bound) return done(bound.error());
     if (!bound->bound) {
       created = false;
       id = bound->task;
       auto existing = s_->store->get(s_->config.ns, id);
-      if (existing) return submit_result{id, false};
-      if (existing.error().code() != errc::not_found) return existing.error();
+      if (existing) return done(submit_result{id, false});
+      if (existing.error().code() != errc::not_found) return done(existing.error());
       env->id = id.str();  // an earlier submission was cut short: finish it
     }
   }
@@ -513,9 +563,6 @@ result<submit_result> job_queue::submit(submit_request req) {
       .headers = {{std::string(k_task_header), id.str()},
                   {std::string(k_max_attempts_header), std::to_string(max_attempts)}},
       .msg_id = id.str()};
-  auto published = s_->t->publish(std::move(msg));
-  if (!published) return published.error();
-
   task_record r;
   r.task = id.str();
   r.ns = s_->config.ns.str();
@@ -525,13 +572,23 @@ result<submit_result> job_queue::submit(submit_request req) {
   r.submitted_by = req.from.str();
   r.created_at = env->ts;
   r.updated_at = env->ts;
-  r.job_seq = published->seq;
-  // The message is durable now, so the task exists whatever happens to its record: a
-  // `conflict` means a fetch adopted it already; any other failure leaves the record to
-  // be made by the fetch that adopts the message. Answering an error here would invite
-  // a second submission.
-  (void)s_->store->create(std::move(r));
-  return submit_result{id, created};
+  std::weak_ptr<state> weak = s_;
+  s_->t->async_publish(
+      std::move(msg), [weak, r = std::move(r), id, created,
+                       done = std::move(done)](result<publish_ack> published) mutable {
+        if (!published) return done(std::move(published).error());
+        auto s = weak.lock();
+        if (!s) return done(submit_result{id, created});
+        r.job_seq = published->seq;
+        // The message is durable now, so the task exists whatever happens to its record:
+        // a `conflict` means a fetch adopted it already; any other failure leaves the
+        // record to be made by the fetch that adopts the message. Answering an error here
+        // would invite a second submission.
+        s->store->async_create(std::move(r),
+                               [id, created, done = std::move(done)](result<task_record>) {
+                                 done(submit_result{id, created});
+                               });
+      });
 }
 
 result<std::vector<offer>> job_queue::fetch(const job_name& job, std::size_t n, duration max_wait) {
@@ -567,11 +624,15 @@ void job_queue::async_fetch(const job_name& job, std::size_t n, duration max_wai
 }
 
 result<lease> job_queue::claim(const offer& o, const participant_name& who) {
+  return detail::wait_for<lease>([&](auto done) { async_claim(o, who, std::move(done)); });
+}
+
+void job_queue::async_claim(const offer& o, const participant_name& who, completion<lease> done) {
   auto task = task_id::make(o.task.task);
-  if (!task) return task.error();
+  if (!task) return done(task.error());
   auto ts = s_->now();
   if (ts >= o.lapses_at) {
-    return unexpected(errc::not_found, fmt::format("the offer of {} lapsed", o.task.task));
+    return done(unexpected(errc::not_found, fmt::format("the offer of {} lapsed", o.task.task)));
   }
   task_record r = o.task;
   r.state = task_state::running;
@@ -583,19 +644,30 @@ result<lease> job_queue::claim(const offer& o, const participant_name& who) {
   r.updated_at = ts;
   r.ack_token = o.msg.ack_token;
   r.job_seq = o.msg.seq;
-  auto stored = s_->store->update(std::move(r));
-  if (!stored) {
-    if (stored.error().code() != errc::conflict) return stored.error();
-    auto now_rec = s_->store->get(s_->config.ns, *task);
-    if (now_rec && now_rec->state == task_state::running && now_rec->owner == who.str() &&
-        now_rec->ack_token == o.msg.ack_token) {
-      return lease{*task, now_rec->attempt, now_rec->lease_expires_at};  // a repeated claim
-    }
-    return unexpected(errc::conflict, fmt::format("task {} moved on", o.task.task));
-  }
-  s_->t->async_acknowledge(o.msg, ack_kind::in_progress, {}, [](result<void>) {});
-  s_->track(*stored, who);
-  return lease{*task, stored->attempt, stored->lease_expires_at};
+  std::weak_ptr<state> weak = s_;
+  s_->store->async_update(
+      std::move(r), [weak, task = *task, msg = o.msg, who,
+                     done = std::move(done)](result<task_record> stored) mutable {
+        auto s = weak.lock();
+        if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
+        if (!stored) {
+          if (stored.error().code() != errc::conflict) return done(std::move(stored).error());
+          // Lost the compare-and-set: perhaps to this very claim, sent before. Reading the
+          // record blocks, so not on the transport's thread.
+          return s->post([s, task = std::move(task), msg = std::move(msg), who = std::move(who),
+                          done = std::move(done)] {
+            auto now_rec = s->store->get(s->config.ns, task);
+            if (now_rec && now_rec->state == task_state::running && now_rec->owner == who.str() &&
+                now_rec->ack_token == msg.ack_token) {
+              return done(lease{task, now_rec->attempt, now_rec->lease_expires_at});  // repeated
+            }
+            done(unexpected(errc::conflict, fmt::format("task {} moved on", task.view())));
+          });
+        }
+        s->t->async_acknowledge(msg, ack_kind::in_progress, {}, [](result<void>) {});
+        s->track(*stored, who);
+        done(lease{task, stored->attempt, stored->lease_expires_at});
+      });
 }
 
 result<void> job_queue::decline(const offer& o) {
@@ -672,34 +744,30 @@ result<completion_result> job_queue::complete(const task_id& task, const partici
   if (auto r = json_check(result_json); !r) {
     return unexpected(errc::bad_request, "result: " + r.error().message());
   }
-  for (int round = 0; round < k_cas_rounds; ++round) {
-    auto rec = s_->latest(task, who, round);
-    if (!rec) {
-      if (rec.error().code() == errc::not_found) return lease_lost(task);
-      return rec.error();
-    }
-    if (rec->state == task_state::completed && rec->owner == who.str()) {
-      return completion_result{std::move(*rec), true};
-    }
-    if (rec->state != task_state::running || rec->owner != who.str() ||
-        rec->lease_expires_at <= s_->now()) {
-      return lease_lost(task);
-    }
-    rec->state = task_state::completed;
-    rec->result = result_json;
-    rec->error.reset();
-    rec->lease_expires_at = {};
-    rec->updated_at = s_->now();
-    auto stored = s_->store->update(std::move(*rec));
-    if (!stored) {
-      if (stored.error().code() == errc::conflict) continue;
-      return stored.error();
-    }
-    s_->untrack(task.view(), who);
-    s_->finish(*stored, ack_kind::ack);
-    return completion_result{std::move(*stored), false};
+  return s_->complete_from(task, who, result_json, 0);
+}
+
+void job_queue::async_complete(const task_id& task, const participant_name& who,
+                               std::string result_json, completion<completion_result> done) {
+  if (auto r = json_check(result_json); !r) {
+    return done(unexpected(errc::bad_request, "result: " + r.error().message()));
   }
-  return unexpected(errc::unavailable, fmt::format("task {} kept changing", task.view()));
+  auto rec = s_->written(task.view(), who);
+  if (!rec) return done(s_->complete_from(task, who, result_json, 1));
+  if (auto answer = s_->completing(*rec, task, who, result_json)) return done(std::move(*answer));
+  std::weak_ptr<state> weak = s_;
+  s_->store->async_update(std::move(*rec), [weak, task, who, result_json = std::move(result_json),
+                                            done = std::move(done)](
+                                               result<task_record> stored) mutable {
+    auto s = weak.lock();
+    if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
+    if (stored) return done(s->completed(task, who, std::move(*stored)));
+    if (stored.error().code() != errc::conflict) return done(std::move(stored).error());
+    // The task changed since this job queue wrote it: read it (blocking, so not on the
+    // transport's thread) and try again.
+    s->post([s, task = std::move(task), who = std::move(who), result_json = std::move(result_json),
+             done = std::move(done)] { done(s->complete_from(task, who, result_json, 1)); });
+  });
 }
 
 result<task_record> job_queue::fail(const task_id& task, const participant_name& who,

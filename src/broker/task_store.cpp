@@ -221,18 +221,38 @@ result<task_record> key_of(const task_record& r, std::string& key) {
 
 }  // namespace
 
-result<task_record> task_store::create(task_record r) {
-  std::string key;
-  if (auto k = key_of(r, key); !k) return k.error();
-  auto rev = transport_->kv_create(bucket_, key, write_record(r, true));
+namespace {
+
+// The record `r` as written at revision `rev`, or the write's error (`conflict` worded
+// with `on_conflict`).
+result<task_record> written_as(task_record r, result<std::uint64_t> rev,
+                               std::string_view on_conflict) {
   if (!rev) {
     if (rev.error().code() == errc::conflict) {
-      return unexpected(errc::conflict, fmt::format("task {} exists", r.task));
+      return unexpected(errc::conflict, fmt::format("task {} {}", r.task, on_conflict));
     }
     return rev.error();
   }
   r.revision = *rev;
   return r;
+}
+
+}  // namespace
+
+result<task_record> task_store::create(task_record r) {
+  return detail::wait_for<task_record>(
+      [&](auto done) { async_create(std::move(r), std::move(done)); });
+}
+
+void task_store::async_create(task_record r, completion<task_record> done) {
+  std::string key;
+  if (auto k = key_of(r, key); !k) return done(k.error());
+  auto value = write_record(r, true);
+  transport_->async_kv_create(
+      bucket_, key, std::move(value), std::nullopt,
+      [r = std::move(r), done = std::move(done)](result<std::uint64_t> rev) mutable {
+        done(written_as(std::move(r), std::move(rev), "exists"));
+      });
 }
 
 namespace {
@@ -264,17 +284,20 @@ std::vector<result<task_record>> task_store::get_many(const namespace_name& ns,
 }
 
 result<task_record> task_store::update(task_record r) {
+  return detail::wait_for<task_record>(
+      [&](auto done) { async_update(std::move(r), std::move(done)); });
+}
+
+void task_store::async_update(task_record r, completion<task_record> done) {
   std::string key;
-  if (auto k = key_of(r, key); !k) return k.error();
-  auto rev = transport_->kv_update(bucket_, key, write_record(r, true), r.revision);
-  if (!rev) {
-    if (rev.error().code() == errc::conflict) {
-      return unexpected(errc::conflict, fmt::format("task {} moved on", r.task));
-    }
-    return rev.error();
-  }
-  r.revision = *rev;
-  return r;
+  if (auto k = key_of(r, key); !k) return done(k.error());
+  auto value = write_record(r, true);
+  auto expected = r.revision;
+  transport_->async_kv_update(
+      bucket_, key, std::move(value), expected, std::nullopt,
+      [r = std::move(r), done = std::move(done)](result<std::uint64_t> rev) mutable {
+        done(written_as(std::move(r), std::move(rev), "moved on"));
+      });
 }
 
 result<std::vector<task_record>> task_store::history(const namespace_name& ns,

@@ -144,6 +144,10 @@ class job_queue {
   /// bound, returns that task with `created = false` (and finishes its submission if an
   /// earlier attempt was cut short).
   result<submit_result> submit(submit_request request);
+  /// `submit`, asynchronously: `done` runs on a transport thread, or on the calling thread
+  /// when the request is refused before anything is sent. With an idempotency key the key
+  /// is bound first, blocking; the first submit to a job ensures its consumer, blocking.
+  void async_submit(submit_request request, completion<submit_result> done);
 
   /// Up to `n` offers of `job`: waits up to `max_wait` for the first. Messages whose
   /// task ended are acknowledged, not offered; see the file comment.
@@ -156,6 +160,9 @@ class job_queue {
   /// Errors: `not_found` when the offer lapsed; `conflict` when the task moved on (another
   /// claim won, it was cancelled); `unavailable`.
   result<lease> claim(const offer& o, const participant_name& who);
+  /// `claim`, asynchronously: `done` runs on a transport thread or on the executor (or on
+  /// the calling thread for an offer that lapsed).
+  void async_claim(const offer& o, const participant_name& who, completion<lease> done);
   /// Hands an offer back: offered again after the job's `decline_delay`; no attempt.
   result<void> decline(const offer& o);
   /// Hands an offer back at once (its session went away); no attempt.
@@ -175,6 +182,10 @@ class job_queue {
   /// `lease_lost` (not the live holder; nothing is acknowledged), `not_found`.
   result<completion_result> complete(const task_id& task, const participant_name& who,
                                      std::string result_json);
+  /// `complete`, asynchronously: `done` runs on a transport thread or on the executor. A
+  /// lease not held through this job queue is completed blocking, on the calling thread.
+  void async_complete(const task_id& task, const participant_name& who, std::string result_json,
+                      completion<completion_result> done);
   /// Fails the current attempt: back to `queued` after `retry_delay` when `retry` and
   /// attempts are left, else `failed`. Errors as `complete`.
   result<task_record> fail(const task_id& task, const participant_name& who, task_error error,

@@ -89,6 +89,9 @@ class task_store {
 
   /// Stores a new record; returns it with its revision. `conflict` when the task exists.
   result<task_record> create(task_record r);
+  /// `create`, asynchronously: `done` runs on a transport thread (or at once on the calling
+  /// thread when the record cannot be written at all).
+  void async_create(task_record r, completion<task_record> done);
   /// The latest record; `not_found` when there is none.
   result<task_record> get(const namespace_name& ns, const task_id& task);
   /// The latest records of `tasks`, in their order, each as `get` would answer it. The
@@ -98,6 +101,8 @@ class task_store {
   /// Writes `r` only when the task's latest revision is `r.revision`; returns the record
   /// with its new revision. `conflict` when the task moved on (someone else won).
   result<task_record> update(task_record r);
+  /// `update`, asynchronously, like `async_create`.
+  void async_update(task_record r, completion<task_record> done);
   /// Every retained revision of the task, oldest first (the bucket keeps the last 64).
   /// `not_found` when there is none.
   result<std::vector<task_record>> history(const namespace_name& ns, const task_id& task);
