@@ -98,6 +98,10 @@ const std::map<std::string, frame_schema, std::less<>>& frame_schemas() {
   return schemas;
 }
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 std::size_t utf8_length(std::string_view s) {
   std::size_t n = 0;
   for (unsigned char c : s) n += (c & 0xC0) != 0x80 ? 1 : 0;
@@ -272,8 +276,15 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     std::string_view op;
     std::string id_json;  // the id to echo, or "null"
     bool has_id = false;
-    dom::element frame;
+    dom::element frame;          // valid only while `process` runs
+    std::shared_ptr<void> hold;  // the frame's lane is busy until every copy is gone
   };
+
+  // The request as an operation that answers later keeps it: without the frame.
+  static request later(const request& rq) {
+    return request{
+        .op = rq.op, .id_json = rq.id_json, .has_id = rq.has_id, .frame = {}, .hold = rq.hold};
+  }
 
   void reply_ok(const request& rq, std::string_view members = {}) {
     if (!rq.has_id) return;
@@ -392,9 +403,12 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   void run(std::vector<inbound_frame> frames) {
     for (auto& f : frames) {
-      gw->post([self = shared_from_this(), f = std::move(f)] {
-        self->process(f.text);
-        self->finished(f);
+      gw->post([self = shared_from_this(), f = std::move(f)]() mutable {
+        auto text = std::move(f.text);
+        // The frame is finished when its answer is: at the end of `process`, or later, when
+        // an asynchronous operation lets go of its copy of `hold`.
+        std::shared_ptr<void> hold(nullptr, [self, f = std::move(f)](void*) { self->finished(f); });
+        self->process(text, std::move(hold));
       });
     }
   }
@@ -411,7 +425,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     run(std::move(start));
   }
 
-  void process(std::string_view text) {
+  void process(std::string_view text, std::shared_ptr<void> hold) {
     thread_local dom::parser parser;
     detail::parser_release release(parser);
     dom::element frame;
@@ -428,6 +442,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     }
     request rq;
     rq.frame = frame;
+    rq.hold = std::move(hold);
     rq.id_json = "null";
     dom::element id_value;
     if (!frame.at_key("id").get(id_value)) {
@@ -458,11 +473,12 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       gw->metrics.frame_in("invalid");
       return fail(rq, errc::bad_request, "op must be a string");
     }
-    if (std::find(k_ops.begin(), k_ops.end(), op) == k_ops.end()) {
+    auto known = std::find(k_ops.begin(), k_ops.end(), op);
+    if (known == k_ops.end()) {
       gw->metrics.frame_in("unknown");
       return fail(rq, errc::bad_request, fmt::format("unknown op {}", amp::quoted(op)));
     }
-    rq.op = op;
+    rq.op = *known;  // static, unlike the parsed text: an answer may come after `process`
     gw->metrics.frame_in(op);
     bool authenticated = false;
     {
@@ -1166,31 +1182,39 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     if (!spend) return;
     std::optional<int> max_attempts;
     if (auto m = int_at(rq.frame, "max_attempts")) max_attempts = static_cast<int>(*m);
-    auto submitted = gw->timed([&] {
-      return st->b->jobs().submit(
-          {.job = job,
-           .from = me.participant,
-           .body = std::move(env->body),
-           .type = std::move(type),
-           .headers = std::move(headers),
-           .max_attempts = max_attempts,
-           .idempotency_key = string_or_empty(rq.frame, "idempotency_key")});
-    });
-    if (!submitted) {
-      refund(*spend);
-      return fail(rq, submitted.error());
-    }
-    if (!submitted->created) {
-      refund(*spend);  // a resubmission counts against the rate, not the budget
-    } else {
-      gw->metrics.transition("queued");
-    }
+    auto started = std::chrono::steady_clock::now();
+    st->b->jobs().async_submit({.job = job,
+                                .from = me.participant,
+                                .body = std::move(env->body),
+                                .type = std::move(type),
+                                .headers = std::move(headers),
+                                .max_attempts = max_attempts,
+                                .idempotency_key = std::string(key)},
+                               [self = shared_from_this(), rq = later(rq), spend = *spend,
+                                started](result<submit_result> submitted) {
+                                 self->gw->metrics.backend(seconds_since(started));
+                                 if (!submitted || !submitted->created) {
+                                   // A failure, or a resubmission (which counts against the rate,
+                                   // not the budget): the refund may block, so not on the
+                                   // transport's thread.
+                                   return self->gw->post([self, rq, spend, submitted] {
+                                     self->refund(spend);
+                                     if (!submitted) return self->fail(rq, submitted.error());
+                                     self->answer_submitted(rq, *submitted);
+                                   });
+                                 }
+                                 self->gw->metrics.transition("queued");
+                                 self->answer_submitted(rq, *submitted);
+                               });
+  }
+
+  void answer_submitted(const request& rq, const submit_result& submitted) {
     json_writer w;
     w.begin_object()
         .key("task")
-        .string(submitted->task.view())
+        .string(submitted.task.view())
         .key("created")
-        .boolean(submitted->created);
+        .boolean(submitted.created);
     w.end_object();
     reply_members(rq, w.take());
   }
@@ -1215,22 +1239,31 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     if (!o)
       return fail(rq, errc::not_found,
                   fmt::format("no open offer of task {} for you", amp::quoted(task)));
-    auto l = gw->timed([&] { return st->b->jobs().claim(*o, me.participant); });
-    if (!l) {
-      fail(rq, l.error());
-      auto code = l.error().code();  // conflict, not_found: the offer is over already
-      gw->offer_done(st, *o, code != errc::conflict && code != errc::not_found);
-      return;
-    }
-    {
-      std::lock_guard lock(st->mu);
-      st->workers[this].leases.emplace(task);
-    }
-    gw->metrics.transition("running");
-    json_writer w;
-    w.begin_object().key("task").string(task).key("attempt").integer(l->attempt);
-    w.key("lease_expires_at").string(format_timestamp(l->expires_at)).end_object();
-    reply_members(rq, w.take());
+    auto started = std::chrono::steady_clock::now();
+    st->b->jobs().async_claim(
+        *o, me.participant,
+        [self = shared_from_this(), rq = later(rq), st, o = *o, started](result<lease> l) {
+          self->gw->metrics.backend(seconds_since(started));
+          if (!l) {
+            // Handing the offer back may block: not on the transport's thread.
+            return self->gw->post([self, rq, st, o, l] {
+              self->fail(rq, l.error());
+              auto code = l.error().code();  // conflict, not_found: the offer is over already
+              self->gw->offer_done(st, o, code != errc::conflict && code != errc::not_found);
+            });
+          }
+          {
+            std::lock_guard lock(st->mu);
+            // Not for a session that closed meanwhile: the lease runs out in the broker.
+            auto it = st->workers.find(self.get());
+            if (it != st->workers.end()) it->second.leases.emplace(o.task.task);
+          }
+          self->gw->metrics.transition("running");
+          json_writer w;
+          w.begin_object().key("task").string(o.task.task).key("attempt").integer(l->attempt);
+          w.key("lease_expires_at").string(format_timestamp(l->expires_at)).end_object();
+          self->reply_members(rq, w.take());
+        });
   }
 
   void on_decline(request& rq) {
@@ -1274,19 +1307,27 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
                                         result_json.size(), gw->opts.config.limits.max_body_bytes),
                             "/result"));
     }
-    auto done = gw->timed(
-        [&] { return st->b->jobs().complete(t, me.participant, std::move(result_json)); });
-    if (!done) {
-      if (done.error().code() == errc::lease_lost) lease_over(st, t.view(), {});
-      return fail(rq, done.error());
-    }
-    if (!done->duplicate) gw->metrics.transition("completed");
-    lease_over(st, t.view(), done->task.job);
-    json_writer w;
-    w.begin_object().key("task").string(t.view()).key("state").string("completed");
-    if (done->duplicate) w.key("duplicate").boolean(true);
-    w.end_object();
-    reply_members(rq, w.take());
+    auto started = std::chrono::steady_clock::now();
+    st->b->jobs().async_complete(
+        t, me.participant, std::string(result_json),
+        [self = shared_from_this(), rq = later(rq), st, t,
+         started](result<completion_result> done) {
+          self->gw->metrics.backend(seconds_since(started));
+          if (!done) {
+            self->fail(rq, done.error());
+            if (done.error().code() != errc::lease_lost) return;
+            // Freeing the slot offers more work, which may block: not on this thread.
+            return self->gw->post([self, st, t] { self->lease_over(st, t.view(), {}); });
+          }
+          if (!done->duplicate) self->gw->metrics.transition("completed");
+          json_writer w;
+          w.begin_object().key("task").string(t.view()).key("state").string("completed");
+          if (done->duplicate) w.key("duplicate").boolean(true);
+          w.end_object();
+          self->reply_members(rq, w.take());
+          self->gw->post(
+              [self, st, t, job = done->task.job] { self->lease_over(st, t.view(), job); });
+        });
   }
 
   void on_fail(request& rq) {
