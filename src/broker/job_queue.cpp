@@ -761,7 +761,13 @@ void job_queue::async_complete(const task_id& task, const participant_name& who,
                                                result<task_record> stored) mutable {
     auto s = weak.lock();
     if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
-    if (stored) return done(s->completed(task, who, std::move(*stored)));
+    if (stored) {
+      // With a blocking `notify`, the notice and ack block: not on the transport's thread.
+      if (s->events.async_notify) return done(s->completed(task, who, std::move(*stored)));
+      return s->post(
+          [s, task = std::move(task), who = std::move(who), stored = std::move(*stored),
+           done = std::move(done)]() mutable { done(s->completed(task, who, std::move(stored))); });
+    }
     if (stored.error().code() != errc::conflict) return done(std::move(stored).error());
     // The task changed since this job queue wrote it: read it (blocking, so not on the
     // transport's thread) and try again.

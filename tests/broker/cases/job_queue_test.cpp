@@ -3,6 +3,7 @@
 // or an acknowledgement cut short.
 
 #include <atomic>
+#include <future>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -161,6 +162,57 @@ TEST_CASE("a task goes from submit through offer and claim to completed", "[jobs
   CHECK(again.duplicate);
   CHECK(code_of(env.q->complete(id, env.w2, "1")) == errc::lease_lost);
   CHECK(env.offers().empty());
+}
+
+// Waits for an asynchronous operation's completion (a blocking wrapper of our own).
+template <class T, class Start>
+result<T> await(Start&& start) {
+  std::promise<result<T>> p;
+  auto f = p.get_future();
+  start([&p](result<T> r) { p.set_value(std::move(r)); });
+  return f.get();
+}
+
+TEST_CASE("the asynchronous forms: submit, claim and complete, and a change made elsewhere",
+          "[jobs]") {
+  jobs_env env;
+  auto submitted = must(await<submit_result>([&](auto done) {
+    env.q->async_submit({.job = env.job, .from = env.alice, .body = "7"}, std::move(done));
+  }));
+  CHECK(submitted.created);
+  CHECK(env.record(submitted.task).state == task_state::queued);
+  auto o = env.one_offer();
+  CHECK(o.task.task == submitted.task.str());
+  auto l = must(await<lease>([&](auto done) { env.q->async_claim(o, env.w1, std::move(done)); }));
+  CHECK(l.attempt == 1);
+  auto done = must(await<completion_result>(
+      [&](auto d) { env.q->async_complete(l.task, env.w1, R"({"ok":1})", std::move(d)); }));
+  CHECK_FALSE(done.duplicate);
+  CHECK(env.record(l.task).state == task_state::completed);
+  REQUIRE(eventually([&] { return env.stored_messages() == 0; }));  // acked after the notice
+  CHECK(env.notices().size() == 1);
+
+  // A second job queue (another gateway) cancels a task the first one leased: the record
+  // the first wrote last is stale, and its complete finds out.
+  auto other = env.open_queue();
+  auto id = env.submit("8");
+  auto l2 = must(env.q->claim(env.one_offer(), env.w1));
+  must(other->cancel(id, viewer{.who = env.alice}));
+  CHECK(code_of(await<completion_result>([&](auto d) {
+          env.q->async_complete(l2.task, env.w1, "1", std::move(d));
+        })) == errc::lease_lost);
+  CHECK(env.record(id).state == task_state::cancelled);
+  // And a heartbeat elsewhere (a new revision, same holder) does not stop a complete here.
+  auto id3 = env.submit("9");
+  auto l3 = must(env.q->claim(env.one_offer(), env.w1));
+  must(other->heartbeat(id3, env.w1));
+  CHECK(must(await<completion_result>([&](auto d) {
+          env.q->async_complete(l3.task, env.w1, "2", std::move(d));
+        })).task.state == task_state::completed);
+  CHECK(code_of(await<submit_result>([&](auto d) {
+          env.q->async_submit({.job = env.job, .from = env.alice, .body = "not json"},
+                              std::move(d));
+        })) == errc::bad_request);
 }
 
 TEST_CASE("two claims of one task never both succeed", "[jobs]") {
