@@ -170,6 +170,7 @@ struct bucket_state {
   std::uint64_t seq = 0;
   std::map<std::string, std::deque<kv_revision>, std::less<>> keys;
   std::vector<std::shared_ptr<kv_watcher>> watchers;
+  std::map<std::string, timer_id, std::less<>> ttl_timers;  // per key: its latest TTL
 };
 
 class queue_subscription final : public subscription {
@@ -464,6 +465,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     auto it = buckets_.find(std::string(bucket));
     if (it == buckets_.end()) return missing("bucket", bucket);
     for (auto& w : it->second.watchers) w->queue->stop();
+    for (auto& [key, id] : it->second.ttl_timers) {
+      clock_->cancel(id);
+      ttl_timers_.erase(id);
+    }
     buckets_.erase(it);
     return {};
   }
@@ -537,8 +542,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     std::lock_guard lock(mu_);
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
-    expire_bucket(*b, after);
     auto it = b->keys.find(key);
+    if (it != b->keys.end()) expire_key(*b, it->first, it->second, clock_->now(), after);
     if (it == b->keys.end() || it->second.empty()) return missing("key", key);
     std::vector<kv_entry> out;
     for (const auto& rev : it->second) out.push_back(rev.entry);
@@ -1133,21 +1138,37 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     std::string k(key);
     append(*b, k, op, std::move(value), expires, after);
     auto revision = b->seq;
-    if (expires) arm_ttl(b->config.bucket, *expires);
+    if (expires) arm_ttl(*b, k, *expires);
     return revision;
   }
 
-  void arm_ttl(const std::string& bucket, time_point at) {
+  // One timer per key, for its latest write with a TTL (a newer write replaces it): when it
+  // fires, that key alone is expired. Called under `mu_`.
+  void arm_ttl(bucket_state& b, const std::string& key, time_point at) {
     std::weak_ptr<memory_backend> weak = weak_from_this();
     auto id = std::make_shared<timer_id>(0);
-    *id = clock_->call_at(at, [weak, bucket, id] {
+    *id = clock_->call_at(at, [weak, bucket = b.config.bucket, key, id] {
       auto self = weak.lock();
       if (!self) return;
       deferred after;
       std::lock_guard lock(self->mu_);
       self->ttl_timers_.erase(*id);
-      if (auto* b = self->find_bucket(bucket)) self->expire_bucket(*b, after);
+      auto* b = self->find_bucket(bucket);
+      if (!b) return;
+      if (auto t = b->ttl_timers.find(key); t != b->ttl_timers.end() && t->second == *id) {
+        b->ttl_timers.erase(t);
+      }
+      auto it = b->keys.find(key);
+      if (it == b->keys.end()) return;
+      self->expire_key(*b, it->first, it->second, self->clock_->now(), after);
+      if (it->second.empty()) b->keys.erase(it);
     });
+    auto [t, fresh] = b.ttl_timers.try_emplace(key, *id);
+    if (!fresh) {
+      clock_->cancel(t->second);
+      ttl_timers_.erase(t->second);
+      t->second = *id;
+    }
     ttl_timers_.insert(*id);
   }
 

@@ -298,5 +298,47 @@ TEST_CASE("a watcher sees a per-key ttl run out as an expired entry", "[kv][watc
   CHECK(keys_of(fresh.items()) == std::vector<std::string>{"stays"});
 }
 
+TEST_CASE("keys with per-key ttls expire each at its own time, a refreshed one later",
+          "[kv][watch][ttl][time]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  if (!t.caps().per_key_ttl) {
+    SUCCEED("this backend has no per-key ttl; kv_test checks that it refuses one");
+    return;
+  }
+  auto c = bucket_cfg(*fx, "wttl2", 5);
+  auto b = create_bucket(t, c);
+  watch_log log;
+  auto w = watch(t, c, {}, log);
+  REQUIRE(log.wait_caught_up());
+  must(t.kv_put(c.bucket, "a", "1", 1s));
+  must(t.kv_put(c.bucket, "b", "1", 2s));
+  must(t.kv_put(c.bucket, "c", "1", 1s));
+  REQUIRE(log.wait_for(3));
+  fx->advance(500ms);
+  must(t.kv_put(c.bucket, "c", "2", 2s));  // refreshed: now ends at 2.5 s
+  REQUIRE(log.wait_for(4));
+  fx->advance(700ms);  // 1.2 s: a is over
+  REQUIRE(log.wait_for(5));
+  CHECK(code_of(t.kv_get(c.bucket, "a")) == errc::not_found);
+  CHECK(must(t.kv_get(c.bucket, "b")).value == "1");
+  CHECK(must(t.kv_get(c.bucket, "c")).value == "2");
+  fx->advance(1s);  // 2.2 s: b is over, c not
+  REQUIRE(log.wait_for(6));
+  CHECK(must(t.kv_get(c.bucket, "c")).value == "2");
+  fx->advance(500ms);  // 2.7 s: c is over
+  REQUIRE(log.wait_for(7));
+  w->stop();
+  auto es = log.items();
+  REQUIRE(es.size() == 7);
+  CHECK(es[4].key == "a");
+  CHECK(es[4].op == kv_op::expired);
+  CHECK(es[5].key == "b");
+  CHECK(es[5].op == kv_op::expired);
+  CHECK(es[6].key == "c");
+  CHECK(es[6].op == kv_op::expired);
+  CHECK(must(t.kv_keys(c.bucket)).empty());
+}
+
 }  // namespace
 }  // namespace amp::conformance::cases
