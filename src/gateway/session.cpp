@@ -740,17 +740,30 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     if (!env) return fail(rq, env.error());
     auto spend = admit(rq, me, body.size());
     if (!spend) return;
-    auto sent = gw->timed([&] {
-      return st->b->inbox().send({.to = to,
-                                  .from = env->from,
-                                  .body = std::move(env->body),
-                                  .type = env->type,
-                                  .headers = env->headers,
-                                  .msg_id = env->id,
-                                  .reply_to = env->reply_to,
-                                  .correlation = env->correlation});
-    });
-    answer_stored(rq, *spend, sent);
+    st->b->inbox().async_send({.to = to,
+                               .from = env->from,
+                               .body = std::move(env->body),
+                               .type = env->type,
+                               .headers = env->headers,
+                               .msg_id = env->id,
+                               .reply_to = env->reply_to,
+                               .correlation = env->correlation},
+                              answer_later<send_result>(rq, *spend));
+  }
+
+  // The completion that answers a send or publish (see `answer_stored`) when the backend has.
+  template <class Stored>
+  completion<Stored> answer_later(const request& rq, const budget_spend& spend) {
+    return [self = shared_from_this(), rq = later(rq), spend,
+            started = std::chrono::steady_clock::now()](result<Stored> stored) {
+      self->gw->metrics.backend(seconds_since(started));
+      if (!stored || stored->duplicate) {
+        // The refund may block: not on the transport's thread.
+        return self->gw->post(
+            [self, rq, spend, stored] { self->answer_stored(rq, spend, stored); });
+      }
+      self->answer_stored(rq, spend, stored);
+    };
   }
 
   // The answer to a send or publish (`send_result`, `publish_result`): a failure or a
@@ -809,15 +822,13 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     if (!env) return fail(rq, env.error());
     auto spend = admit(rq, me, body.size());
     if (!spend) return;
-    auto published = gw->timed([&] {
-      return st->b->topics().publish({.to = t,
-                                      .from = env->from,
-                                      .body = std::move(env->body),
-                                      .type = env->type,
-                                      .headers = env->headers,
-                                      .msg_id = env->id});
-    });
-    answer_stored(rq, *spend, published);
+    st->b->topics().async_publish({.to = t,
+                                   .from = env->from,
+                                   .body = std::move(env->body),
+                                   .type = env->type,
+                                   .headers = env->headers,
+                                   .msg_id = env->id},
+                                  answer_later<publish_result>(rq, *spend));
   }
 
   result<replay_from> replay_of(dom::element frame) {

@@ -90,10 +90,11 @@ struct gateway_options {
   /// What `hello` reports as `server`.
   std::string server_name = "amp-server/0.1.0";
   /// Where the operations of sessions and the broker's timer work run. Empty: a pool of
-  /// `workers` threads owned by the gateway. `submit` (without an idempotency key),
-  /// `claim` and `complete` wait for the backend without a thread; every other operation
-  /// holds its thread while it waits, so `workers` bounds those in flight. `inline_executor()`
-  /// runs everything on the calling thread (memory transport only; for deterministic tests).
+  /// `workers` threads owned by the gateway. `send`, `publish`, `submit` (without an
+  /// idempotency key), `claim` and `complete` wait for the backend without a thread; every other
+  /// operation holds its thread while it waits, so `workers` bounds those in flight.
+  /// `inline_executor()` runs everything on the calling thread (memory transport only; for
+  /// deterministic tests).
   executor run{};
   std::size_t workers = 16;
   /// A session whose carrier holds more than this is a slow consumer: its topic
