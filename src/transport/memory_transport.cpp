@@ -1153,15 +1153,15 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       deferred after;
       std::lock_guard lock(self->mu_);
       self->ttl_timers_.erase(*id);
-      auto* b = self->find_bucket(bucket);
-      if (!b) return;
-      if (auto t = b->ttl_timers.find(key); t != b->ttl_timers.end() && t->second == *id) {
-        b->ttl_timers.erase(t);
+      auto* in = self->find_bucket(bucket);
+      if (!in) return;
+      if (auto t = in->ttl_timers.find(key); t != in->ttl_timers.end() && t->second == *id) {
+        in->ttl_timers.erase(t);
       }
-      auto it = b->keys.find(key);
-      if (it == b->keys.end()) return;
-      self->expire_key(*b, it->first, it->second, self->clock_->now(), after);
-      if (it->second.empty()) b->keys.erase(it);
+      auto it = in->keys.find(key);
+      if (it == in->keys.end()) return;
+      self->expire_key(*in, it->first, it->second, self->clock_->now(), after);
+      if (it->second.empty()) in->keys.erase(it);
     });
     auto [t, fresh] = b.ttl_timers.try_emplace(key, *id);
     if (!fresh) {
