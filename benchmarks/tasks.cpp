@@ -9,9 +9,6 @@
 // It starts its own nats-server (temporary file store) and amp-server (the binary built
 // with it) on free loopback ports, and the clients are amp::client connections.
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,17 +31,15 @@
 #include <fmt/format.h>
 
 #include "amp/client.hpp"
-#include "amp/gateway/auth.hpp"
+#include "support/body.hpp"
 #include "support/nats_server.hpp"
-
-extern char** environ;
+#include "support/server_fixture.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
+using namespace amp::bench;
 using steady = std::chrono::steady_clock;
-
-constexpr std::string_view k_secret = "bench-secret-bench-secret-bench-secret";
 
 struct options {
   std::string backend = "jetstream";
@@ -115,89 +110,6 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-// amp-server as a child process, on a free port, with its own configuration file.
-class server_process {
- public:
-  server_process(const std::string& nats_url, std::uint16_t port) : port_(port) {
-    dir_ = std::filesystem::temp_directory_path() / fmt::format("amp-bench-tasks-{}", ::getpid());
-    std::filesystem::create_directories(dir_);
-    auto config = dir_ / "config.json";
-    std::ofstream(config) << fmt::format(
-        R"({{"listen":"127.0.0.1:{}",{}"auth":{{"secret":"{}"}},)"
-        R"("limits":{{"max_sessions":100000}},)"
-        R"("policy":{{"default":{{"rate":{{"per_s":1000000,"burst":1000000,"bytes_per_s":1e12}}}}}}}})",
-        port, nats_url.empty() ? "" : fmt::format(R"("nats":{{"url":"{}"}},)", nats_url), k_secret);
-    auto log = (dir_ / "server.log").string();
-    std::string path = AMP_SERVER_PATH;
-    std::vector<std::string> args = {path, "--config", config.string()};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), environ) != 0) {
-      throw std::runtime_error("cannot start " + path);
-    }
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~server_process() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
-    }
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  std::string url() const { return fmt::format("ws://127.0.0.1:{}/amp", port_); }
-
- private:
-  std::filesystem::path dir_;
-  std::uint16_t port_;
-  pid_t pid_ = -1;
-};
-
-std::string token(const std::string& sub, const std::string& ns) {
-  return amp::mint_token(
-             {.sub = sub,
-              .ns = ns,
-              .exp = std::chrono::system_clock::now() + 1h,
-              .amp_json =
-                  R"({"send":["*"],"submit":["*"],"work":["*"],"publish":[">"],"subscribe":[">"]})"},
-             amp::jwt_alg::hs256, k_secret)
-      .value();
-}
-
-std::unique_ptr<amp::client> connect(const std::string& url, const std::string& sub,
-                                     const std::string& ns) {
-  for (int attempt = 0;; ++attempt) {
-    amp::client_options o;
-    o.url = url;
-    o.token = token(sub, ns);
-    o.request_timeout = 60s;
-    auto c = amp::client::connect(o);
-    if (c) return std::move(*c);
-    if (attempt > 100) throw std::runtime_error("cannot connect: " + c.error().to_string());
-    std::this_thread::sleep_for(50ms);
-  }
-}
-
-// Counts down, and wakes a waiter at zero.
-struct countdown {
-  std::mutex mu;
-  std::condition_variable cv;
-  long left = 0;
-  void done() {
-    std::lock_guard lock(mu);
-    if (--left == 0) cv.notify_all();
-  }
-  bool wait(std::chrono::seconds limit) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, limit, [&] { return left <= 0; });
-  }
-};
-
 // A worker that claims and completes every offer, with the task's body as its result.
 void become_worker(amp::client& w, int slots) {
   w.on_push([&w](const amp::client_frame& f) {
@@ -215,12 +127,7 @@ void become_worker(amp::client& w, int slots) {
   if (!reg) throw std::runtime_error("register: " + reg.error().to_string());
 }
 
-std::string body_at(std::int64_t ns_since_start) {
-  // ~128 bytes of JSON, the submit time inside so that the result carries it back.
-  return fmt::format(
-      R"({{"t0":{},"image":"s3://bench/images/0000000000.png","w":640,"h":480,"pad":"{}"}})",
-      ns_since_start, std::string(40, 'x'));
-}
+using amp::bench::body_at;
 
 struct throughput_result {
   double tasks_per_s = 0;
@@ -321,37 +228,6 @@ latency_result run_latency(const std::string& url, int n, double rate, int run) 
   return {pct(0.50), pct(0.99), pct(0.999), n / sent_seconds};
 }
 
-struct summary {
-  double min = 0, median = 0, max = 0;
-  std::vector<double> runs;
-};
-
-summary summarize(std::vector<double> v) {
-  summary s;
-  s.runs = v;
-  std::sort(v.begin(), v.end());
-  s.min = v.front();
-  s.max = v.back();
-  s.median = v[v.size() / 2];
-  return s;
-}
-
-std::string json_of(const summary& s) {
-  std::string runs;
-  for (auto r : s.runs) runs += (runs.empty() ? "" : ",") + fmt::format("{:.2f}", r);
-  return fmt::format(R"({{"min":{:.2f},"median":{:.2f},"max":{:.2f},"runs":[{}]}})", s.min,
-                     s.median, s.max, runs);
-}
-
-std::string read_first_line(const char* path, std::string_view prefix = {}) {
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (prefix.empty() || line.rfind(prefix, 0) == 0) return line;
-  }
-  return {};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -359,7 +235,7 @@ int main(int argc, char** argv) {
   std::optional<amp::testing::nats_server> nats;
   if (o.backend == "jetstream") nats.emplace(amp::testing::nats_server::start());
   auto port = static_cast<std::uint16_t>(amp::testing::free_port());
-  server_process server(nats ? nats->url() : std::string(), port);
+  server_process server(nats ? nats->url() : std::string(), port, "amp-bench-tasks");
   const auto url = server.url();
   auto loadavg_before = read_first_line("/proc/loadavg");
 
@@ -403,18 +279,16 @@ int main(int argc, char** argv) {
   std::string tp;
   for (auto& [slots, s] : throughput)
     tp += (tp.empty() ? "" : ",") + fmt::format(R"("{}":{})", slots, json_of(s));
-  auto cpu = read_first_line("/proc/cpuinfo", "model name");
   auto json = fmt::format(
       R"({{"benchmark":"amp-bench-tasks","via":"amp-server over WebSocket, amp::client","backend":"{}",)"
       R"("storage":"file","tasks":{},"runs":{},"window":{},"body_bytes":{},)"
-      R"("machine":{{"cpus":{},"cpu":"{}","loadavg_before":"{}","loadavg_after":"{}"}},)"
+      R"("machine":{},)"
       R"("throughput_tasks_per_s":{{{}}},)"
       R"("latency":{{"offered_tasks_per_s":{},"tasks":{},"worker_slots":8,"achieved_tasks_per_s":{},)"
       R"("p50_ms":{},"p99_ms":{},"p999_ms":{}}}}})",
-      o.backend, o.tasks, o.runs, o.window, body_at(0).size(), std::thread::hardware_concurrency(),
-      cpu.substr(cpu.find(':') == std::string::npos ? 0 : cpu.find(':') + 2), loadavg_before,
-      read_first_line("/proc/loadavg"), tp, o.rate, o.latency_tasks, json_of(summarize(achieved)),
-      json_of(s50), json_of(s99), json_of(s999));
+      o.backend, o.tasks, o.runs, o.window, body_at(0).size(), machine_json(loadavg_before), tp,
+      o.rate, o.latency_tasks, json_of(summarize(achieved)), json_of(s50), json_of(s99),
+      json_of(s999));
   std::ofstream(o.out) << json << "\n";
   std::printf("\nwritten to %s\n", o.out.c_str());
   return 0;

@@ -1,0 +1,114 @@
+#pragma once
+
+// What the benchmarks through amp-server share (amp-bench-tasks, amp-bench-messaging,
+// amp-bench-sessions): amp-server as a child process, tokens, amp::client connections with
+// retry, a countdown, min / median / max summaries in JSON, and readers of /proc.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "amp/client.hpp"
+
+namespace amp::bench {
+
+/// The HS256 secret amp-server is configured with.
+inline constexpr std::string_view k_secret = "bench-secret-bench-secret-bench-secret";
+
+/// How amp-server is started.
+struct server_settings {
+  /// `nats://…`; empty: the memory transport.
+  std::string nats_url;
+  std::uint16_t port = 0;
+  /// The temporary directory is `<tmp>/<name>-<pid>`.
+  std::string name = "amp-bench";
+  /// Configuration members added to the generated configuration, each followed by a comma
+  /// (`"heartbeat_s":10,`); they must not repeat `listen`, `nats`, `auth`, `limits` or
+  /// `policy`.
+  std::string extra_config;
+  /// Command-line arguments added after `--config FILE` (`--io-threads`, `--workers` …).
+  std::vector<std::string> extra_args;
+};
+
+/// amp-server as a child process, on a free port, with its own configuration file: HS256
+/// with `k_secret`, `max_sessions` 100,000 and rate limits far above any benchmark. Its
+/// stderr goes to a log file in its temporary directory. The child gets SIGKILL if the
+/// thread that started it exits (start it from the main thread); the destructor stops it
+/// with SIGTERM and removes the directory.
+class server_process {
+ public:
+  server_process(const std::string& nats_url, std::uint16_t port,
+                 const std::string& name = "amp-bench");
+  explicit server_process(server_settings settings);
+  ~server_process();
+  server_process(const server_process&) = delete;
+  server_process& operator=(const server_process&) = delete;
+
+  /// `ws://127.0.0.1:PORT/amp`.
+  std::string url() const;
+  pid_t pid() const noexcept { return pid_; }
+  /// True while the child runs (reaps it if it exited).
+  bool running();
+  /// The last `lines` lines of the server's log.
+  std::string log_tail(std::size_t lines = 20) const;
+
+ private:
+  std::filesystem::path dir_;
+  std::uint16_t port_;
+  pid_t pid_ = -1;
+};
+
+/// A token for `sub` in `ns`, valid for an hour, granting everything but admin.
+std::string token(const std::string& sub, const std::string& ns);
+
+/// Connects an amp::client (request timeout 60 s), retrying for about 5 s while the server
+/// is not up yet. Throws `std::runtime_error` when it cannot.
+std::unique_ptr<amp::client> connect(const std::string& url, const std::string& sub,
+                                     const std::string& ns);
+
+/// Counts down, and wakes a waiter at zero.
+struct countdown {
+  std::mutex mu;
+  std::condition_variable cv;
+  long left = 0;
+  void done();
+  bool wait(std::chrono::seconds limit);
+};
+
+/// A figure over the runs.
+struct summary {
+  double min = 0, median = 0, max = 0;
+  std::vector<double> runs;
+};
+summary summarize(std::vector<double> v);
+/// `{"min":…,"median":…,"max":…,"runs":[…]}`, two decimals.
+std::string json_of(const summary& s);
+
+/// The first line of a file that starts with `prefix` (any line when empty); empty when
+/// none.
+std::string read_first_line(const char* path, std::string_view prefix = {});
+/// `{"cpus":N,"cpu":"model","loadavg_before":"…","loadavg_after":"<now>"}`.
+std::string machine_json(const std::string& loadavg_before);
+
+/// Raises this process's soft limit of open files to the hard limit; returns the limit.
+std::uint64_t raise_fd_limit();
+/// VmRSS of a process in KiB (from /proc/PID/status); -1 when unreadable.
+long rss_kib(pid_t pid);
+/// utime + stime of a process in seconds (from /proc/PID/stat); -1 when unreadable.
+double cpu_seconds(pid_t pid);
+
+/// Percentile `p` (0..1) of sorted values (nearest rank below, as the first benchmarks did).
+double percentile(const std::vector<double>& sorted, double p);
+
+/// Nanoseconds of the steady clock since `origin`.
+std::int64_t ns_since(std::chrono::steady_clock::time_point origin);
+
+}  // namespace amp::bench
