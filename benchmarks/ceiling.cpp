@@ -67,6 +67,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/stats.hpp"
+
 #ifdef AMP_BENCH_HAVE_TEST_SUPPORT
 #include "support/nats_server.hpp"
 #endif
@@ -102,35 +104,12 @@ constexpr std::int64_t k_reply_timeout_ms = 30000;
 
 // ----- CPU and context switches ---------------------------------------------------------
 
-double cpu_seconds_self() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
+using amp::bench::context_switches_self;
+using amp::bench::cpu_seconds_self;
 
-double context_switches_self() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_nvcsw);
-}
-
-// CPU seconds (user + system) of another process, from /proc; negative when unknown.
+// CPU seconds of nats-server, negative when unknown (the benchmark did not start it).
 double cpu_seconds_of(pid_t pid) {
-  if (pid <= 0) return -1;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  std::getline(in, text);
-  auto close = text.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream fields(text.substr(close + 2));
-  std::string f;
-  double utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && (fields >> f); ++i) {  // state is field 3; utime 14, stime 15
-    if (i == 14) utime = std::atof(f.c_str());
-    if (i == 15) stime = std::atof(f.c_str());
-  }
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  return pid > 0 ? amp::bench::cpu_seconds(pid) : -1;
 }
 
 pid_t g_server_pid = -1;

@@ -60,6 +60,7 @@
 #include "amp/transport/memory.hpp"
 #include "support/body.hpp"
 #include "support/nats_server.hpp"
+#include "support/stats.hpp"
 
 namespace {
 
@@ -189,6 +190,13 @@ options parse(int argc, char** argv) {
 // ----- the body, the names ------------------------------------------------------------------
 
 using amp::bench::body_at;
+using amp::bench::context_switches_self;
+using amp::bench::cpu_seconds;
+using amp::bench::cpu_seconds_self;
+using amp::bench::json_of;
+using amp::bench::read_first_line;
+using amp::bench::summarize;
+using amp::bench::summary;
 
 const amp::job_name& bench_job() {
   static const auto j = amp::job_name::make("bench").value();
@@ -220,38 +228,6 @@ std::int64_t int_member(std::string_view json, std::string_view key) {
 }
 
 // ----- CPU --------------------------------------------------------------------------------
-
-double cpu_seconds_self() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
-
-// Voluntary context switches of this process: a count of thread hand-offs.
-double context_switches_self() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_nvcsw);
-}
-
-// CPU seconds of another process (from /proc), or a negative number.
-double cpu_seconds_of(pid_t pid) {
-  if (pid <= 0) return -1;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  std::getline(in, text);
-  auto close = text.rfind(')');
-  if (close == std::string::npos) return -1;
-  std::istringstream fields(text.substr(close + 2));
-  std::string f;
-  double utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && (fields >> f); ++i) {  // state is field 3; utime 14, stime 15
-    if (i == 14) utime = std::atof(f.c_str());
-    if (i == 15) stime = std::atof(f.c_str());
-  }
-  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
 
 // ----- nats-server monitoring ---------------------------------------------------------------
 
@@ -295,7 +271,7 @@ struct meter {
   const backend_env& env;
   double cpu = cpu_seconds_self();
   double switches = context_switches_self();
-  double server = cpu_seconds_of(env.server_pid);
+  double server = cpu_seconds(env.server_pid);
   double in_msgs = server_in_msgs(env.http_port);
 
   explicit meter(const backend_env& e) : env(e) {}
@@ -308,7 +284,7 @@ struct meter {
     auto dn = static_cast<double>(n);
     c.client_us = (cpu_seconds_self() - cpu) * 1e6 / dn;
     c.client_switches = (context_switches_self() - switches) / dn;
-    double srv = cpu_seconds_of(env.server_pid);
+    double srv = cpu_seconds(env.server_pid);
     if (server >= 0 && srv >= 0) c.server_us = (srv - server) * 1e6 / dn;
     double msgs = server_in_msgs(env.http_port);
     if (in_msgs >= 0 && msgs >= 0) c.server_msgs = (msgs - in_msgs) / dn;
@@ -826,37 +802,6 @@ latency_sample run_latency(const backend_env& env, const options& o, int run) {
 }
 
 // ----- summaries and output -------------------------------------------------------------------
-
-struct summary {
-  double min = 0, median = 0, max = 0;
-  std::vector<double> runs;
-};
-
-summary summarize(std::vector<double> v) {
-  summary s;
-  s.runs = v;
-  std::sort(v.begin(), v.end());
-  s.min = v.front();
-  s.max = v.back();
-  s.median = v[v.size() / 2];
-  return s;
-}
-
-std::string json_of(const summary& s) {
-  std::string runs;
-  for (auto r : s.runs) runs += (runs.empty() ? "" : ",") + fmt::format("{:.2f}", r);
-  return fmt::format(R"({{"min":{:.2f},"median":{:.2f},"max":{:.2f},"runs":[{}]}})", s.min,
-                     s.median, s.max, runs);
-}
-
-std::string read_first_line(const char* path, std::string_view prefix = {}) {
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (prefix.empty() || line.rfind(prefix, 0) == 0) return line;
-  }
-  return {};
-}
 
 // One backend's figures: prints the table, returns the JSON object (amp-bench-tasks' shape).
 std::string measure(const backend_env& env, const options& o) {

@@ -2,7 +2,7 @@
 
 // What the benchmarks through amp-server share (amp-bench-tasks, amp-bench-messaging,
 // amp-bench-sessions): amp-server as a child process, tokens, amp::client connections with
-// retry, a countdown, min / median / max summaries in JSON, and readers of /proc.
+// retry, a countdown; and through support/stats.hpp, summaries and readers of /proc.
 
 #include <sys/types.h>
 
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "amp/client.hpp"
+#include "support/stats.hpp"
 
 namespace amp::bench {
 
@@ -82,33 +83,5 @@ struct countdown {
   void done();
   bool wait(std::chrono::seconds limit);
 };
-
-/// A figure over the runs.
-struct summary {
-  double min = 0, median = 0, max = 0;
-  std::vector<double> runs;
-};
-summary summarize(std::vector<double> v);
-/// `{"min":…,"median":…,"max":…,"runs":[…]}`, two decimals.
-std::string json_of(const summary& s);
-
-/// The first line of a file that starts with `prefix` (any line when empty); empty when
-/// none.
-std::string read_first_line(const char* path, std::string_view prefix = {});
-/// `{"cpus":N,"cpu":"model","loadavg_before":"…","loadavg_after":"<now>"}`.
-std::string machine_json(const std::string& loadavg_before);
-
-/// Raises this process's soft limit of open files to the hard limit; returns the limit.
-std::uint64_t raise_fd_limit();
-/// VmRSS of a process in KiB (from /proc/PID/status); -1 when unreadable.
-long rss_kib(pid_t pid);
-/// utime + stime of a process in seconds (from /proc/PID/stat); -1 when unreadable.
-double cpu_seconds(pid_t pid);
-
-/// Percentile `p` (0..1) of sorted values (nearest rank below, as the first benchmarks did).
-double percentile(const std::vector<double>& sorted, double p);
-
-/// Nanoseconds of the steady clock since `origin`.
-std::int64_t ns_since(std::chrono::steady_clock::time_point origin);
 
 }  // namespace amp::bench

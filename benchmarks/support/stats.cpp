@@ -1,0 +1,110 @@
+#include "support/stats.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+namespace amp::bench {
+
+summary summarize(std::vector<double> v) {
+  summary s;
+  s.runs = v;
+  std::sort(v.begin(), v.end());
+  s.min = v.front();
+  s.max = v.back();
+  s.median = v[v.size() / 2];
+  return s;
+}
+
+std::string json_of(const summary& s) {
+  std::string runs;
+  for (auto r : s.runs) runs += (runs.empty() ? "" : ",") + fmt::format("{:.2f}", r);
+  return fmt::format(R"({{"min":{:.2f},"median":{:.2f},"max":{:.2f},"runs":[{}]}})", s.min,
+                     s.median, s.max, runs);
+}
+
+std::string read_first_line(const char* path, std::string_view prefix) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (prefix.empty() || line.rfind(prefix, 0) == 0) return line;
+  }
+  return {};
+}
+
+std::string machine_json(const std::string& loadavg_before) {
+  auto cpu = read_first_line("/proc/cpuinfo", "model name");
+  return fmt::format(R"({{"cpus":{},"cpu":"{}","loadavg_before":"{}","loadavg_after":"{}"}})",
+                     std::thread::hardware_concurrency(),
+                     cpu.substr(cpu.find(':') == std::string::npos ? 0 : cpu.find(':') + 2),
+                     loadavg_before, read_first_line("/proc/loadavg"));
+}
+
+std::uint64_t raise_fd_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(limit.rlim_cur);
+}
+
+long rss_kib(pid_t pid) {
+  auto path = fmt::format("/proc/{}/status", pid);
+  auto line = read_first_line(path.c_str(), "VmRSS:");
+  if (line.empty()) return -1;
+  return std::strtol(line.c_str() + 6, nullptr, 10);
+}
+
+double cpu_seconds(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  std::getline(in, stat);  // one line
+  // The command name may hold spaces: the fields are counted after its closing parenthesis.
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  // After the name: state (3) … utime is field 14, stime 15.
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::strtol(field.c_str(), nullptr, 10);
+    if (i == 15) stime = std::strtol(field.c_str(), nullptr, 10);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+double cpu_seconds_self() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+double context_switches_self() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_nvcsw);
+}
+
+double percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  auto i = static_cast<std::size_t>(p * static_cast<double>(sorted.size() - 1));
+  return sorted[i];
+}
+
+std::int64_t ns_since(std::chrono::steady_clock::time_point origin) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              origin)
+      .count();
+}
+
+}  // namespace amp::bench

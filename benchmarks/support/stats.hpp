@@ -1,0 +1,49 @@
+#pragma once
+
+// What every benchmark program may share, with no server in it: min / median / max
+// summaries in JSON, machine facts, percentiles, and readers of /proc.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace amp::bench {
+
+/// A figure over the runs.
+struct summary {
+  double min = 0, median = 0, max = 0;
+  std::vector<double> runs;
+};
+summary summarize(std::vector<double> v);
+/// `{"min":…,"median":…,"max":…,"runs":[…]}`, two decimals.
+std::string json_of(const summary& s);
+
+/// The first line of a file that starts with `prefix` (any line when empty); empty when
+/// none.
+std::string read_first_line(const char* path, std::string_view prefix = {});
+/// `{"cpus":N,"cpu":"model","loadavg_before":"…","loadavg_after":"<now>"}`.
+std::string machine_json(const std::string& loadavg_before);
+
+/// Raises this process's soft limit of open files to the hard limit; returns the limit.
+std::uint64_t raise_fd_limit();
+/// VmRSS of a process in KiB (from /proc/PID/status); -1 when unreadable.
+long rss_kib(pid_t pid);
+/// utime + stime of a process in seconds (from /proc/PID/stat); -1 when unreadable.
+double cpu_seconds(pid_t pid);
+
+/// utime + stime of this process in seconds (getrusage, every thread).
+double cpu_seconds_self();
+/// Voluntary context switches of this process: a count of thread hand-offs.
+double context_switches_self();
+
+/// Percentile `p` (0..1) of sorted values (nearest rank below, as the first benchmarks did).
+double percentile(const std::vector<double>& sorted, double p);
+
+/// Nanoseconds of the steady clock since `origin`.
+std::int64_t ns_since(std::chrono::steady_clock::time_point origin);
+
+}  // namespace amp::bench
