@@ -235,7 +235,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   // failed notice leaves the message for a redelivery, which notifies again. With
   // `events.async_notify` both steps run in the background, in that order.
   void finish(const task_record& r, ack_kind kind) {
-    if (events.async_notify) {
+    if (events.async_notify && !events.notify) {
       std::optional<message> token;
       if (!r.ack_token.empty()) token = token_message(r);
       auto let_go = [self = shared_from_this(), token = std::move(token), kind](result<void> sent) {
@@ -393,12 +393,20 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     return out;
   }
 
+  // The record this job queue wrote last for `who`'s live lease on `task`, if it did and the
+  // lease it wrote has not ended (one extended elsewhere may have: then only the store says).
+  std::optional<task_record> written_live(std::string_view task, const participant_name& who) {
+    auto w = written(task, who);
+    if (!w || w->state != task_state::running || w->lease_expires_at <= now()) return std::nullopt;
+    return w;
+  }
+
   // The record of `task` to base `who`'s next write on: in round 0 the one this job queue
-  // wrote last for `who`'s lease when there is one (a stale one makes the write fail with
-  // `conflict`, and round 1 reads), read from the store otherwise.
+  // wrote last for `who`'s live lease when there is one (a stale one makes the write fail
+  // with `conflict`, and round 1 reads), read from the store otherwise.
   result<task_record> latest(const task_id& task, const participant_name& who, int round) {
     if (round == 0) {
-      if (auto w = written(task.view(), who)) return std::move(*w);
+      if (auto w = written_live(task.view(), who)) return std::move(*w);
     }
     return store->get(config.ns, task);
   }
@@ -415,6 +423,44 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       return lease_lost(task);
     }
     return rec;
+  }
+
+  // The record a claim of `o` by `who` writes; `not_found` when the offer lapsed.
+  result<task_record> claim_record(const offer& o, const participant_name& who) {
+    auto ts = now();
+    if (ts >= o.lapses_at) {
+      return unexpected(errc::not_found, fmt::format("the offer of {} lapsed", o.task.task));
+    }
+    task_record r = o.task;
+    r.state = task_state::running;
+    r.attempt = o.attempt;
+    r.error.reset();  // an earlier attempt's failure is in the history
+    r.owner = who.str();
+    r.holders.push_back(who.str());
+    r.lease_expires_at = ts + o.lease;
+    r.updated_at = ts;
+    r.ack_token = o.msg.ack_token;
+    r.job_seq = o.msg.seq;
+    return r;
+  }
+
+  // The answer to a claim once its write is done. A lost compare-and-set is read (blocking):
+  // it may have been lost to this very claim, sent before.
+  result<lease> claimed(const offer& o, const participant_name& who, result<task_record> stored) {
+    auto task = task_id::make(o.task.task);
+    if (!task) return task.error();
+    if (!stored) {
+      if (stored.error().code() != errc::conflict) return stored.error();
+      auto now_rec = store->get(config.ns, *task);
+      if (now_rec && now_rec->state == task_state::running && now_rec->owner == who.str() &&
+          now_rec->ack_token == o.msg.ack_token) {
+        return lease{*task, now_rec->attempt, now_rec->lease_expires_at};  // a repeated claim
+      }
+      return unexpected(errc::conflict, fmt::format("task {} moved on", o.task.task));
+    }
+    t->async_acknowledge(o.msg, ack_kind::in_progress, {}, [](result<void>) {});
+    track(*stored, who);
+    return lease{*task, stored->attempt, stored->lease_expires_at};
   }
 
   // What completing `rec` for `who` comes to: an answer without a write (a repeated
@@ -624,50 +670,27 @@ void job_queue::async_fetch(const job_name& job, std::size_t n, duration max_wai
 }
 
 result<lease> job_queue::claim(const offer& o, const participant_name& who) {
-  return detail::wait_for<lease>([&](auto done) { async_claim(o, who, std::move(done)); });
+  auto r = s_->claim_record(o, who);
+  if (!r) return r.error();
+  return s_->claimed(o, who, s_->store->update(std::move(*r)));
 }
 
 void job_queue::async_claim(const offer& o, const participant_name& who, completion<lease> done) {
-  auto task = task_id::make(o.task.task);
-  if (!task) return done(task.error());
-  auto ts = s_->now();
-  if (ts >= o.lapses_at) {
-    return done(unexpected(errc::not_found, fmt::format("the offer of {} lapsed", o.task.task)));
-  }
-  task_record r = o.task;
-  r.state = task_state::running;
-  r.attempt = o.attempt;
-  r.error.reset();  // an earlier attempt's failure is in the history
-  r.owner = who.str();
-  r.holders.push_back(who.str());
-  r.lease_expires_at = ts + o.lease;
-  r.updated_at = ts;
-  r.ack_token = o.msg.ack_token;
-  r.job_seq = o.msg.seq;
+  auto r = s_->claim_record(o, who);
+  if (!r) return done(r.error());
   std::weak_ptr<state> weak = s_;
-  s_->store->async_update(
-      std::move(r), [weak, task = *task, msg = o.msg, who,
-                     done = std::move(done)](result<task_record> stored) mutable {
-        auto s = weak.lock();
-        if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
-        if (!stored) {
-          if (stored.error().code() != errc::conflict) return done(std::move(stored).error());
-          // Lost the compare-and-set: perhaps to this very claim, sent before. Reading the
-          // record blocks, so not on the transport's thread.
-          return s->post([s, task = std::move(task), msg = std::move(msg), who = std::move(who),
-                          done = std::move(done)] {
-            auto now_rec = s->store->get(s->config.ns, task);
-            if (now_rec && now_rec->state == task_state::running && now_rec->owner == who.str() &&
-                now_rec->ack_token == msg.ack_token) {
-              return done(lease{task, now_rec->attempt, now_rec->lease_expires_at});  // repeated
-            }
-            done(unexpected(errc::conflict, fmt::format("task {} moved on", task.view())));
-          });
-        }
-        s->t->async_acknowledge(msg, ack_kind::in_progress, {}, [](result<void>) {});
-        s->track(*stored, who);
-        done(lease{task, stored->attempt, stored->lease_expires_at});
-      });
+  s_->store->async_update(std::move(*r), [weak, o, who, done = std::move(done)](
+                                             result<task_record> stored) mutable {
+    auto s = weak.lock();
+    if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
+    if (stored || stored.error().code() != errc::conflict) {
+      return done(s->claimed(o, who, std::move(stored)));
+    }
+    // A lost compare-and-set is judged by reading the record, which blocks: not on the
+    // transport's thread.
+    s->post([s, o = std::move(o), who = std::move(who), stored = std::move(stored),
+             done = std::move(done)]() mutable { done(s->claimed(o, who, std::move(stored))); });
+  });
 }
 
 result<void> job_queue::decline(const offer& o) {
@@ -752,7 +775,7 @@ void job_queue::async_complete(const task_id& task, const participant_name& who,
   if (auto r = json_check(result_json); !r) {
     return done(unexpected(errc::bad_request, "result: " + r.error().message()));
   }
-  auto rec = s_->written(task.view(), who);
+  auto rec = s_->written_live(task.view(), who);
   if (!rec) return done(s_->complete_from(task, who, result_json, 1));
   if (auto answer = s_->completing(*rec, task, who, result_json)) return done(std::move(*answer));
   std::weak_ptr<state> weak = s_;
@@ -763,7 +786,9 @@ void job_queue::async_complete(const task_id& task, const participant_name& who,
     if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
     if (stored) {
       // With a blocking `notify`, the notice and ack block: not on the transport's thread.
-      if (s->events.async_notify) return done(s->completed(task, who, std::move(*stored)));
+      if (s->events.async_notify && !s->events.notify) {
+        return done(s->completed(task, who, std::move(*stored)));
+      }
       return s->post(
           [s, task = std::move(task), who = std::move(who), stored = std::move(*stored),
            done = std::move(done)]() mutable { done(s->completed(task, who, std::move(stored))); });

@@ -407,7 +407,12 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
         auto text = std::move(f.text);
         // The frame is finished when its answer is: at the end of `process`, or later, when
         // an asynchronous operation lets go of its copy of `hold`.
-        std::shared_ptr<void> hold(nullptr, [self, f = std::move(f)](void*) { self->finished(f); });
+        // Counted in `in_flight` like executor work, so that shutdown waits for the answer.
+        self->gw->in_flight.fetch_add(1);
+        std::shared_ptr<void> hold(nullptr, [self, f = std::move(f)](void*) {
+          self->finished(f);
+          self->gw->in_flight.fetch_sub(1);
+        });
         self->process(text, std::move(hold));
       });
     }
@@ -1060,6 +1065,8 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     remember_entry(*st, *entry);
     {
       std::lock_guard lock(st->mu);
+      // A session that closed meanwhile has had its entry removed: it must not come back.
+      if (ended) return;
       auto& w = st->workers[this];
       w.registered = true;
       w.jobs = entry->jobs;
@@ -1087,8 +1094,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     std::string meta;
     {
       std::lock_guard lock(st->mu);
-      auto& w = st->workers[this];
-      if (!w.registered) return;
+      auto it = st->workers.find(this);
+      if (it == st->workers.end() || !it->second.registered) return;
+      auto& w = it->second;
       jobs = w.jobs;
       slots = w.slots;
       meta = w.meta;
@@ -1111,7 +1119,8 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       if (!l) return fail(rq, l.error());
       {
         std::lock_guard lock(st->mu);
-        st->workers[this].leases.emplace(t.view());
+        auto it = st->workers.find(this);
+        if (it != st->workers.end()) it->second.leases.emplace(t.view());
       }
       json_writer w;
       w.begin_object()
@@ -1403,9 +1412,11 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     std::vector<std::string> leases;
     {
       std::lock_guard lock(st->mu);
-      auto& w = st->workers[this];
-      w.registered = false;
-      leases.assign(w.leases.begin(), w.leases.end());
+      auto it = st->workers.find(this);
+      if (it != st->workers.end()) {
+        it->second.registered = false;
+        leases.assign(it->second.leases.begin(), it->second.leases.end());
+      }
     }
     auto left = gw->timed([&] { return st->b->registry().leave(me.participant); });
     if (!left) return fail(rq, left.error());

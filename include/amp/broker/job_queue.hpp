@@ -24,8 +24,9 @@
 /// - complete and fail check the lease in the record, commit the outcome, notify the
 ///   submitter, and only then acknowledge the message (commit-then-ack). A holder whose
 ///   lease is gone gets `lease_lost` and nothing is acknowledged. With
-///   `job_events::async_notify` (the broker's default) they return once the outcome is
-///   committed; the notice and then the acknowledgement follow in the background.
+///   `job_events::async_notify` (the broker's default) complete and cancel return once the
+///   outcome is committed; the notice and then the acknowledgement follow in the
+///   background (fail still waits for its notice).
 /// - a message delivered again is judged by the record: a task already ended is
 ///   acknowledged and never offered; a live lease defers it (nak until the lease ends);
 ///   an expired lease returns the task to `queued`, or ends it `failed` with
@@ -114,9 +115,10 @@ struct job_events {
   /// job message unacknowledged, so the notice is sent again when it is delivered again.
   std::function<result<void>(const task_notice&)> notify{};
   /// The same, asynchronously: calls `done` once the notice is stored (or failed to be),
-  /// on any thread. When set, complete, fail and cancel return once the outcome is
-  /// committed, and the notice and then the acknowledgement follow in the background.
-  /// `notify`, when also set, is used instead.
+  /// on any thread. When set (and `notify` is not), complete and cancel return once the
+  /// outcome is committed, and the notice and then the acknowledgement follow in the
+  /// background; fail and a redelivered task wait for it. `notify`, when also set, is used
+  /// instead.
   std::function<void(const task_notice&, std::function<void(result<void>)> done)> async_notify{};
 };
 
@@ -160,8 +162,10 @@ class job_queue {
   /// Errors: `not_found` when the offer lapsed; `conflict` when the task moved on (another
   /// claim won, it was cancelled); `unavailable`.
   result<lease> claim(const offer& o, const participant_name& who);
-  /// `claim`, asynchronously: `done` runs on a transport thread or on the executor (or on
-  /// the calling thread for an offer that lapsed).
+  /// `claim`, asynchronously: `done` runs on a transport thread or, when the write was lost
+  /// (perhaps to this very claim, sent before), on the executor after reading the record
+  /// (or at once on the calling thread for an offer that lapsed). Do not wait for it on
+  /// the executor's threads.
   void async_claim(const offer& o, const participant_name& who, completion<lease> done);
   /// Hands an offer back: offered again after the job's `decline_delay`; no attempt.
   result<void> decline(const offer& o);

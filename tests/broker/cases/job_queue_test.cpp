@@ -202,10 +202,13 @@ TEST_CASE("the asynchronous forms: submit, claim and complete, and a change made
           env.q->async_complete(l2.task, env.w1, "1", std::move(d));
         })) == errc::lease_lost);
   CHECK(env.record(id).state == task_state::cancelled);
-  // And a heartbeat elsewhere (a new revision, same holder) does not stop a complete here.
+  // And a heartbeat elsewhere (a new revision, same holder) does not stop a complete here,
+  // not even past the end of the lease as this job queue granted it.
   auto id3 = env.submit("9");
   auto l3 = must(env.q->claim(env.one_offer(), env.w1));
+  env.advance(env.lease() * 6 / 10);
   must(other->heartbeat(id3, env.w1));
+  env.advance(env.lease() * 6 / 10);
   CHECK(must(await<completion_result>([&](auto d) {
           env.q->async_complete(l3.task, env.w1, "2", std::move(d));
         })).task.state == task_state::completed);
