@@ -115,17 +115,6 @@ struct options {
   std::exit(status);
 }
 
-std::vector<int> int_list(const std::string& list) {
-  std::vector<int> out;
-  std::size_t pos = 0;
-  while (pos < list.size()) {
-    auto comma = list.find(',', pos);
-    out.push_back(std::stoi(list.substr(pos, comma - pos)));
-    pos = comma == std::string::npos ? list.size() : comma + 1;
-  }
-  return out;
-}
-
 options parse(int argc, char** argv) {
   options o;
   bool tasks_set = false, runs_set = false, latency_set = false;
@@ -152,7 +141,7 @@ options parse(int argc, char** argv) {
         o.runs = std::stoi(value());
         runs_set = true;
       } else if (a == "--slots") {
-        o.slots = int_list(value());
+        o.slots = amp::bench::int_list(value());
       } else if (a == "--window") {
         o.window = std::stoi(value());
       } else if (a == "--rate") {

@@ -88,17 +88,6 @@ struct options {
   std::exit(why == "help" ? 0 : 2);
 }
 
-std::vector<int> int_list(const std::string& list) {
-  std::vector<int> out;
-  std::size_t pos = 0;
-  while (pos < list.size()) {
-    auto comma = list.find(',', pos);
-    out.push_back(std::stoi(list.substr(pos, comma - pos)));
-    pos = comma == std::string::npos ? list.size() : comma + 1;
-  }
-  return out;
-}
-
 options parse(int argc, char** argv) {
   options o;
   bool quick = false;

@@ -85,14 +85,7 @@ options parse(int argc, char** argv) {
     } else if (a == "--window") {
       o.window = std::stoi(value());
     } else if (a == "--slots") {
-      o.slots.clear();
-      std::string list = value();
-      std::size_t pos = 0;
-      while (pos < list.size()) {
-        auto comma = list.find(',', pos);
-        o.slots.push_back(std::stoi(list.substr(pos, comma - pos)));
-        pos = comma == std::string::npos ? list.size() : comma + 1;
-      }
+      o.slots = amp::bench::int_list(value());
     } else if (a == "--quick") {
       o.tasks = 3000;
       o.runs = 1;

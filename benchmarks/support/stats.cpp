@@ -95,6 +95,17 @@ double context_switches_self() {
   return static_cast<double>(u.ru_nvcsw);
 }
 
+std::vector<int> int_list(const std::string& list) {
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos < list.size()) {
+    auto comma = list.find(',', pos);
+    out.push_back(std::stoi(list.substr(pos, comma - pos)));
+    pos = comma == std::string::npos ? list.size() : comma + 1;
+  }
+  return out;
+}
+
 double percentile(const std::vector<double>& sorted, double p) {
   if (sorted.empty()) return 0;
   auto i = static_cast<std::size_t>(p * static_cast<double>(sorted.size() - 1));

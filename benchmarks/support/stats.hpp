@@ -1,7 +1,7 @@
 #pragma once
 
 // What every benchmark program may share, with no server in it: min / median / max
-// summaries in JSON, machine facts, percentiles, and readers of /proc.
+// summaries in JSON, machine facts, percentiles, readers of /proc, command-line lists.
 
 #include <sys/types.h>
 
@@ -39,6 +39,9 @@ double cpu_seconds(pid_t pid);
 double cpu_seconds_self();
 /// Voluntary context switches of this process: a count of thread hand-offs.
 double context_switches_self();
+
+/// "1,8,64" as numbers (a command-line list); `std::invalid_argument` for a bad item.
+std::vector<int> int_list(const std::string& list);
 
 /// Percentile `p` (0..1) of sorted values (nearest rank below, as the first benchmarks did).
 double percentile(const std::vector<double>& sorted, double p);
