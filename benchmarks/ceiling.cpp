@@ -75,6 +75,16 @@
 
 namespace {
 
+using amp::bench::cpu_model;
+using amp::bench::json_number;
+using amp::bench::json_string;
+using amp::bench::max_of;
+using amp::bench::median;
+using amp::bench::min_of;
+using amp::bench::now_utc;
+using amp::bench::read_first_line;
+using amp::bench::split_list;
+
 using bench_clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
@@ -792,67 +802,11 @@ struct mode {
   std::vector<sample> runs;
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  auto m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 template <class F>
 std::vector<double> pluck(const std::vector<sample>& s, F f) {
   std::vector<double> out;
   for (const auto& x : s) out.push_back(f(x));
   return out;
-}
-
-double min_of(const std::vector<double>& v) {
-  return v.empty() ? std::nan("") : *std::min_element(v.begin(), v.end());
-}
-double max_of(const std::vector<double>& v) {
-  return v.empty() ? std::nan("") : *std::max_element(v.begin(), v.end());
-}
-
-std::string json_number(double v, int decimals) {
-  if (std::isnan(v) || std::isinf(v)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
-std::string read_first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  }
-  return "unknown";
-}
-
-std::string now_utc() {
-  std::time_t now = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return buf;
 }
 
 // The server's version, from the INFO line it sends first (cnats does not expose it).
@@ -964,21 +918,6 @@ void print_table(const std::vector<mode>& modes) {
   std::printf(
       "(cli us, srv us: CPU per task of this process and of nats-server, medians; cs: voluntary "
       "context switches of this process per task)\n");
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
 }
 
 [[noreturn]] void usage() {

@@ -55,11 +55,23 @@
 
 #include "amp/transport/jetstream.hpp"
 
+#include "support/stats.hpp"
+
 #ifdef AMP_BENCH_HAVE_TEST_SUPPORT
 #include "support/nats_server.hpp"
 #endif
 
 namespace {
+
+using amp::bench::cpu_model;
+using amp::bench::json_number;
+using amp::bench::json_string;
+using amp::bench::max_of;
+using amp::bench::median;
+using amp::bench::min_of;
+using amp::bench::now_utc;
+using amp::bench::read_first_line;
+using amp::bench::split_list;
 
 using bench_clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
@@ -518,13 +530,6 @@ struct row {
   std::vector<sample> direct;
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  auto m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 template <class F>
 std::vector<double> pluck(const std::vector<sample>& s, F f) {
   std::vector<double> out;
@@ -540,29 +545,6 @@ std::vector<double> ratios(const row& r) {
   return out;
 }
 
-double min_of(const std::vector<double>& v) {
-  return v.empty() ? std::nan("") : *std::min_element(v.begin(), v.end());
-}
-double max_of(const std::vector<double>& v) {
-  return v.empty() ? std::nan("") : *std::max_element(v.begin(), v.end());
-}
-
-std::string json_number(double v, int decimals) {
-  if (std::isnan(v) || std::isinf(v)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 std::string json_samples(const std::vector<sample>& s) {
   std::string out = "[";
   for (std::size_t i = 0; i < s.size(); ++i) {
@@ -574,32 +556,6 @@ std::string json_samples(const std::vector<sample>& s) {
            json_number(s[i].server_us_per_op >= 0 ? s[i].server_us_per_op : std::nan(""), 2) + "}";
   }
   return out + "]";
-}
-
-std::string read_first_line(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      auto colon = line.find(':');
-      return colon == std::string::npos ? line : line.substr(colon + 2);
-    }
-  }
-  return "unknown";
-}
-
-std::string now_utc() {
-  std::time_t now = std::time(nullptr);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return buf;
 }
 
 void write_json(const config& c, const std::vector<row>& rows, const std::string& load_before,
@@ -682,21 +638,6 @@ void print_tables(const std::vector<row>& rows) {
                 median(pluck(r.amp, [](auto& s) { return s.client_switches_per_op; })),
                 median(pluck(r.direct, [](auto& s) { return s.client_switches_per_op; })));
   }
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == ',') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
 }
 
 [[noreturn]] void usage() {

@@ -40,6 +40,21 @@ double cpu_seconds_self();
 /// Voluntary context switches of this process: a count of thread hand-offs.
 double context_switches_self();
 
+/// The median (mean of the middle two for an even count), least and greatest; NaN when empty.
+double median(std::vector<double> v);
+double min_of(const std::vector<double>& v);
+double max_of(const std::vector<double>& v);
+/// `v` with `decimals` decimals, `null` for NaN or infinity.
+std::string json_number(double v, int decimals);
+/// `s` quoted for JSON (quotes and backslashes escaped; no control characters expected).
+std::string json_string(const std::string& s);
+/// The CPU model from /proc/cpuinfo, "unknown" when unreadable.
+std::string cpu_model();
+/// The time now, RFC 3339 UTC to the second.
+std::string now_utc();
+/// "a,b,,c" as {"a","b","c"}.
+std::vector<std::string> split_list(const std::string& s);
+
 /// "1,8,64" as numbers (a command-line list); `std::invalid_argument` for a bad item.
 std::vector<int> int_list(const std::string& list);
 
