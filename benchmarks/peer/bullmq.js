@@ -248,13 +248,8 @@ async function latency(server, qname, rate, seconds, warmupS, concurrency) {
   await events.close();
   await queue.close();
 
-  const lat = (t) => {
-    const v = [];
-    for (let i = warm; i < n; i++) v.push(t[i] - tAdd[i]);
-    return v.sort((a, b) => a - b);
-  };
-  const ev = lat(tEvent);
-  const wk = lat(tWorker);
+  const ev = lib.latencies(tAdd, tEvent, warm);
+  const wk = lib.latencies(tAdd, tWorker, warm);
   if (ev.some(Number.isNaN) || wk.some(Number.isNaN)) throw new Error('latency: a job has no completion time');
   return {
     jobs_counted: n - warm,

@@ -289,6 +289,14 @@ function round(x, digits = 0) {
 }
 
 // Nearest-rank percentile of an ascending array.
+// Sorted latencies end[i] - start[i] for i from `from` on (the warm-up before it is not
+// counted); NaN where an end is missing.
+function latencies(start, end, from) {
+  const v = [];
+  for (let i = from; i < start.length; i++) v.push(end[i] - start[i]);
+  return v.sort((a, b) => a - b);
+}
+
 function percentile(sorted, p) {
   if (sorted.length === 0) return NaN;
   const rank = Math.ceil((p / 100) * sorted.length);
@@ -459,6 +467,7 @@ module.exports = {
   commandVersion,
   findBinary,
   round,
+  latencies,
   percentile,
   median,
   summarize,

@@ -311,13 +311,8 @@ async function latency(ctx, ratePerS, seconds, warmupS) {
   const loopDelay = loop();
   await msgs.close();
   await jsm.streams.delete(s.name);
-  const lat = (t) => {
-    const v = [];
-    for (let i = warm; i < n; i++) v.push(t[i] - tPub[i]);
-    return v.sort((a, b) => a - b);
-  };
-  const e2e = lat(tRecv);
-  const ack = lat(tAck);
+  const e2e = lib.latencies(tPub, tRecv, warm);
+  const ack = lib.latencies(tPub, tAck, warm);
   if (e2e.some(Number.isNaN) || ack.some(Number.isNaN)) throw new Error('latency: a message was not received or not acked');
   return {
     messages_counted: n - warm,
