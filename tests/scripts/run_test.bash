@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# scripts/run (the main command) as a user meets it when a port is taken: it refuses with
+# a message naming the port, the process and what to do, before it installs or builds
+# anything. It runs in a copy of the repository's scripts ($work/repo) whose install-deps
+# is a stub that leaves a mark, and with `cmake` a stub on PATH, so nothing is built here.
+# shellcheck source=tests/scripts/lib.bash
+source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
+# shellcheck source=scripts/lib/ports.bash
+source "${source_dir}/scripts/lib/ports.bash"
+
+repo=${work}/repo
+mkdir -p "${repo}/scripts/lib" "${work}/bin"
+cp "${source_dir}/scripts/run" "${repo}/scripts/run"
+cp "${source_dir}/scripts/lib/ports.bash" "${repo}/scripts/lib/ports.bash"
+printf '#!/bin/sh\ntouch "%s/installed-deps"\n' "${work}" >"${repo}/scripts/install-deps"
+printf '#!/bin/sh\necho "cmake $*" >>"%s/cmake.log"\n' "${work}" >"${work}/bin/cmake"
+chmod +x "${repo}/scripts/install-deps" "${work}/bin/cmake"
+nats=$(nats_server_binary)
+
+# Runs the copied scripts/run with the environment given as NAME=VALUE arguments.
+run_main() {
+  run_capture env "PATH=${work}/bin:${PATH}" "$@" /bin/bash "${repo}/scripts/run"
+}
+
+# Starts a nats-server without JetStream (as Debian's service runs) on port $1.
+hold_port_with_nats() {
+  "${nats}" -a 127.0.0.1 -p "$1" >"${work}/holder.log" 2>&1 &
+  holder_pid=$!
+  track_pid "${holder_pid}"
+  wait_for_port "$1"
+}
+
+test_refuses_a_nats_port_held_by_another_process() {
+  local ports nats_port listen_port
+  ports=$(choose_free_ports 2)
+  read -r nats_port listen_port <<<"${ports}"
+  hold_port_with_nats "${nats_port}"
+  run_main "AMP_NATS_PORT=${nats_port}" "AMP_LISTEN=127.0.0.1:${listen_port}"
+  expect_rc 1 "${last_rc}" "scripts/run with its NATS port taken"
+  expect_contains "${last_err}" \
+    "port ${nats_port} (nats-server) is held by nats-server (pid ${holder_pid}); nothing was started" \
+    "the message names the port and the process"
+  expect_contains "${last_err}" "AMP_NATS_PORT=" "the message says how to choose another port"
+  if [[ -e ${work}/installed-deps || -e ${work}/cmake.log ]]; then
+    fail "scripts/run installed or built before refusing"
+  fi
+  kill -0 "${holder_pid}" 2>/dev/null || fail "the process holding the port was disturbed"
+}
+
+test_refuses_a_listen_port_held_by_another_process() {
+  local ports nats_port listen_port
+  ports=$(choose_free_ports 2)
+  read -r nats_port listen_port <<<"${ports}"
+  hold_port_with_nats "${listen_port}"
+  run_main "AMP_NATS_PORT=${nats_port}" "AMP_LISTEN=127.0.0.1:${listen_port}"
+  expect_rc 1 "${last_rc}" "scripts/run with amp-server's port taken"
+  expect_contains "${last_err}" "port ${listen_port} (amp-server) is held by nats-server (pid ${holder_pid})" \
+    "the message names the port and the process"
+  expect_contains "${last_err}" "AMP_LISTEN=" "the message says how to choose another port"
+  if [[ -e ${work}/installed-deps ]]; then fail "scripts/run installed before refusing"; fi
+}
+
+test_refuses_a_bad_port() {
+  run_main "AMP_NATS_PORT=42x"
+  expect_rc 2 "${last_rc}" "AMP_NATS_PORT=42x"
+  expect_contains "${last_err}" "AMP_NATS_PORT must be a port number" "the message"
+  run_main "AMP_LISTEN=localhost"
+  expect_rc 2 "${last_rc}" "AMP_LISTEN=localhost"
+  expect_contains "${last_err}" "AMP_LISTEN must be HOST:PORT" "the message"
+  if [[ -e ${work}/installed-deps ]]; then fail "scripts/run installed before refusing"; fi
+}
+
+# The port was free when checked, but the server that answers there is not the one the
+# script started (another one took the port first): it must not go on with it.
+test_refuses_a_nats_server_that_is_not_its_own() {
+  local ports nats_port listen_port
+  ports=$(choose_free_ports 2)
+  read -r nats_port listen_port <<<"${ports}"
+  # Started as the script's nats-server, it runs another one (no JetStream, another name)
+  # on the same port and stays alive, as a server that lost the race to bind would not.
+  cat >"${work}/bin/impostor" <<IMPOSTOR
+#!/usr/bin/env bash
+"${nats}" -a 127.0.0.1 -p ${nats_port} -n somebody-else &
+trap 'kill \$! 2>/dev/null; wait \$!; exit 0' TERM
+wait
+IMPOSTOR
+  chmod +x "${work}/bin/impostor"
+  run_main "AMP_NATS_PORT=${nats_port}" "AMP_LISTEN=127.0.0.1:${listen_port}" \
+    "AMP_NATS_SERVER=${work}/bin/impostor"
+  expect_rc 1 "${last_rc}" "scripts/run when another server answers on its port"
+  expect_contains "${last_err}" \
+    "the NATS server answering on port ${nats_port} is not the one this script started" "the message"
+  if port_answers 127.0.0.1 "${nats_port}"; then
+    fail "what scripts/run started is still running after it exited"
+  fi
+}
+
+# The way through, without building: the script starts its own nats-server (JetStream),
+# prints the token from build/bin/amp, runs build/bin/amp-server on it, and stops
+# nats-server when amp-server ends.
+test_starts_its_nats_server_and_stops_it_afterwards() {
+  local ports nats_port listen_port
+  ports=$(choose_free_ports 2)
+  read -r nats_port listen_port <<<"${ports}"
+  mkdir -p "${repo}/build/bin"
+  printf '#!/bin/sh\necho "token-for-$*"\n' >"${repo}/build/bin/amp"
+  # The stand-in amp-server records its arguments and the INFO of the NATS it is given.
+  cat >"${repo}/build/bin/amp-server" <<'SERVER'
+#!/usr/bin/env bash
+echo "$*" >"${AMP_TEST_WORK}/server.args"
+port=${4##*:}
+exec 3<>"/dev/tcp/127.0.0.1/${port}"
+IFS= read -r -t 2 line <&3
+echo "${line}" >"${AMP_TEST_WORK}/server.info"
+SERVER
+  chmod +x "${repo}/build/bin/amp" "${repo}/build/bin/amp-server"
+  run_main "AMP_NATS_PORT=${nats_port}" "AMP_LISTEN=127.0.0.1:${listen_port}" \
+    "AMP_TEST_WORK=${work}" "AMP_NATS_SERVER=${nats}"
+  expect_rc 0 "${last_rc}" "scripts/run with a stand-in amp-server that exits 0"
+  [[ -e ${work}/installed-deps ]] || fail "install-deps was not run"
+  expect_contains "$(<"${work}/cmake.log")" "--target amp-server amp-cli" "the server and the CLI are built"
+  expect_contains "${last_out}" "export AMP_URL=ws://127.0.0.1:${listen_port}/amp AMP_TOKEN=token-for-token" \
+    "the token and the URL are printed"
+  expect_contains "$(<"${work}/server.args")" \
+    "--listen 127.0.0.1:${listen_port} --nats nats://127.0.0.1:${nats_port} --secret-file var/dev-secret" \
+    "amp-server's arguments"
+  expect_contains "$(<"${work}/server.info")" '"jetstream":true' "amp-server got a NATS with JetStream"
+  [[ -s ${repo}/var/dev-secret ]] || fail "no development secret in var/"
+  if port_answers 127.0.0.1 "${nats_port}"; then fail "nats-server still runs after scripts/run"; fi
+}
+
+run_test "$@"
