@@ -22,6 +22,20 @@ run_main() {
   run_capture env "PATH=${work}/bin:${PATH}" "$@" /bin/bash "${repo}/scripts/run"
 }
 
+# run_main on nats_port and listen_port, with more NAME=VALUE arguments.
+run_main_on_ports() {
+  run_main "AMP_NATS_PORT=${nats_port}" "AMP_LISTEN=127.0.0.1:${listen_port}" "$@"
+}
+
+# Sets nats_port and listen_port to two free ports.
+nats_port=0
+listen_port=0
+pick_ports() {
+  local ports
+  ports=$(choose_free_ports 2)
+  read -r nats_port listen_port <<<"${ports}"
+}
+
 # Starts a nats-server without JetStream (as Debian's service runs) on port $1.
 hold_port_with_nats() {
   "${nats}" -a 127.0.0.1 -p "$1" >"${work}/holder.log" 2>&1 &
@@ -31,11 +45,9 @@ hold_port_with_nats() {
 }
 
 test_refuses_a_nats_port_held_by_another_process() {
-  local ports nats_port listen_port
-  ports=$(choose_free_ports 2)
-  read -r nats_port listen_port <<<"${ports}"
+  pick_ports
   hold_port_with_nats "${nats_port}"
-  run_main "AMP_NATS_PORT=${nats_port}" "AMP_LISTEN=127.0.0.1:${listen_port}"
+  run_main_on_ports
   expect_rc 1 "${last_rc}" "scripts/run with its NATS port taken"
   expect_contains "${last_err}" \
     "port ${nats_port} (nats-server) is held by nats-server (pid ${holder_pid}); nothing was started" \
@@ -48,11 +60,9 @@ test_refuses_a_nats_port_held_by_another_process() {
 }
 
 test_refuses_a_listen_port_held_by_another_process() {
-  local ports nats_port listen_port
-  ports=$(choose_free_ports 2)
-  read -r nats_port listen_port <<<"${ports}"
+  pick_ports
   hold_port_with_nats "${listen_port}"
-  run_main "AMP_NATS_PORT=${nats_port}" "AMP_LISTEN=127.0.0.1:${listen_port}"
+  run_main_on_ports
   expect_rc 1 "${last_rc}" "scripts/run with amp-server's port taken"
   expect_contains "${last_err}" "port ${listen_port} (amp-server) is held by nats-server (pid ${holder_pid})" \
     "the message names the port and the process"
@@ -73,9 +83,7 @@ test_refuses_a_bad_port() {
 # The port was free when checked, but the server that answers there is not the one the
 # script started (another one took the port first): it must not go on with it.
 test_refuses_a_nats_server_that_is_not_its_own() {
-  local ports nats_port listen_port
-  ports=$(choose_free_ports 2)
-  read -r nats_port listen_port <<<"${ports}"
+  pick_ports
   # Started as the script's nats-server, it runs another one (no JetStream, another name)
   # on the same port and stays alive, as a server that lost the race to bind would not.
   cat >"${work}/bin/impostor" <<IMPOSTOR
@@ -85,8 +93,7 @@ trap 'kill \$! 2>/dev/null; wait \$!; exit 0' TERM
 wait
 IMPOSTOR
   chmod +x "${work}/bin/impostor"
-  run_main "AMP_NATS_PORT=${nats_port}" "AMP_LISTEN=127.0.0.1:${listen_port}" \
-    "AMP_NATS_SERVER=${work}/bin/impostor"
+  run_main_on_ports "AMP_NATS_SERVER=${work}/bin/impostor"
   expect_rc 1 "${last_rc}" "scripts/run when another server answers on its port"
   expect_contains "${last_err}" \
     "the NATS server answering on port ${nats_port} is not the one this script started" "the message"
@@ -99,9 +106,7 @@ IMPOSTOR
 # prints the token from build/bin/amp, runs build/bin/amp-server on it, and stops
 # nats-server when amp-server ends.
 test_starts_its_nats_server_and_stops_it_afterwards() {
-  local ports nats_port listen_port
-  ports=$(choose_free_ports 2)
-  read -r nats_port listen_port <<<"${ports}"
+  pick_ports
   mkdir -p "${repo}/build/bin"
   printf '#!/bin/sh\necho "token-for-$*"\n' >"${repo}/build/bin/amp"
   # The stand-in amp-server records its arguments and the INFO of the NATS it is given.
@@ -114,8 +119,7 @@ IFS= read -r -t 2 line <&3
 echo "${line}" >"${AMP_TEST_WORK}/server.info"
 SERVER
   chmod +x "${repo}/build/bin/amp" "${repo}/build/bin/amp-server"
-  run_main "AMP_NATS_PORT=${nats_port}" "AMP_LISTEN=127.0.0.1:${listen_port}" \
-    "AMP_TEST_WORK=${work}" "AMP_NATS_SERVER=${nats}"
+  run_main_on_ports "AMP_TEST_WORK=${work}" "AMP_NATS_SERVER=${nats}"
   expect_rc 0 "${last_rc}" "scripts/run with a stand-in amp-server that exits 0"
   [[ -e ${work}/installed-deps ]] || fail "install-deps was not run"
   expect_contains "$(<"${work}/cmake.log")" "--target amp-server amp-cli" "the server and the CLI are built"
