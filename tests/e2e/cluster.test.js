@@ -53,8 +53,10 @@ describe('two amp-servers on one NATS (jetstream)', options, () => {
     const completedBy = new Map(); // task → worker
     const perWorker = { wa: 0, wb: 0 };
     let stop = false;
+    // Both registered before the first submit: a worker still registering when the tasks
+    // arrive (a loaded machine) would leave them all to the other server.
+    await Promise.all(workers.map((w) => w.ok('register', { jobs: ['resize'], slots: 2 })));
     const loops = workers.map(async (w) => {
-      await w.ok('register', { jobs: ['resize'], slots: 2 });
       while (!stop) {
         let offer;
         try {
@@ -76,9 +78,14 @@ describe('two amp-servers on one NATS (jetstream)', options, () => {
     const tasks = [];
     for (let i = 0; i < N; i++) tasks.push((await submitter.ok('submit', { job: 'resize', body: i })).task);
     const notices = new Map();
+    // A worker loop that fails (an assertion, a request without a reply) fails the test at
+    // once, with its own error, instead of leaving the notices to time out one by one.
+    const aLoopFailed = Promise.race(loops.map((loop) => loop.then(() => new Promise(() => {}))));
+    aLoopFailed.catch(() => {}); // seen by the race below, and again by Promise.all(loops)
     try {
       while (notices.size < N) {
-        const m = await submitter.next('message', 20000, (f) => f.envelope.from === '$broker');
+        const next = submitter.next('message', 20000, (f) => f.envelope.from === '$broker');
+        const m = await Promise.race([next, aLoopFailed]);
         await submitter.ok('ack', { seq: m.seq });
         assert.equal(m.envelope.type, 'amp.task.completed');
         assert.equal(notices.has(m.envelope.body.task), false, `two notices for ${m.envelope.body.task}`);
