@@ -202,7 +202,8 @@ int main(int argc, char** argv) {
     expect(message.has_value(), "the message comes back to bob");
     if (message && sent) {
       expect(message->string_at("/envelope/from") == "bob", "the sender is stamped bob");
-      expect(message->raw_at("/envelope/body") == R"({"install":"test"})", "the body arrives as sent");
+      expect(message->raw_at("/envelope/body") == R"({"install":"test"})",
+             "the body arrives as sent");
       expect(message->int_at("/seq") == sent->seq, "the message carries the seq of the send");
       expect(session->ack(sent->seq).has_value(), "ack");
     }
@@ -211,7 +212,8 @@ int main(int argc, char** argv) {
     session.reset();
   }
   const int status = server.stop();
-  expect(status == 0, "amp-server exits 0 after SIGTERM (it exited " + std::to_string(status) + ")");
+  expect(status == 0,
+         "amp-server exits 0 after SIGTERM (it exited " + std::to_string(status) + ")");
 
   if (failures != 0) {
     std::fprintf(stderr, "--- amp-server's log:\n%s\n", read_file(server.log).c_str());
