@@ -408,7 +408,14 @@ class connection : public std::enable_shared_from_this<connection> {
     prefix_ = std::string(inbox) + ".";
     natsInbox_Destroy(inbox);
     std::string wildcard = prefix_ + "*";
-    s = natsConnection_Subscribe(&mux_sub_, nc_, wildcard.c_str(), &connection::on_reply, this);
+    auto* anchor = new reply_anchor{weak_from_this()};
+    s = natsConnection_Subscribe(&mux_sub_, nc_, wildcard.c_str(), &connection::on_reply, anchor);
+    if (s != NATS_OK) {
+      delete anchor;
+      return unexpected(status_error(s, 0, "subscribe to replies"));
+    }
+    // On failure the anchor is left to a callback that may be running (a few bytes, once).
+    s = natsSubscription_SetOnCompleteCB(mux_sub_, &connection::on_reply_complete, anchor);
     if (s != NATS_OK) return unexpected(status_error(s, 0, "subscribe to replies"));
     natsSubscription_SetPendingLimits(mux_sub_, -1, -1);
     return {};
@@ -582,12 +589,22 @@ class connection : public std::enable_shared_from_this<connection> {
     });
   }
 
+  // What the reply subscription's callback holds instead of the connection: it lives until
+  // cnats says that no callback runs any more (on_reply_complete), after the connection.
+  struct reply_anchor {
+    std::weak_ptr<connection> conn;
+  };
+
   static void on_reply(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
     in_callback_scope scope;
-    auto* self = static_cast<connection*>(closure);
-    self->dispatch(m);
+    // A reference held while the message is dispatched: the caller its answer wakes may
+    // drop every other one at once, and dispatch still touches the connection after the
+    // answer. When this one is the last, the deleter closes the connection off this thread.
+    if (auto self = static_cast<reply_anchor*>(closure)->conn.lock()) self->dispatch(m);
     natsMsg_Destroy(m);
   }
+
+  static void on_reply_complete(void* closure) { delete static_cast<reply_anchor*>(closure); }
 
   // A message delivered to a pull that already ended: back to the stream at once.
   void hand_back(natsMsg* m) {
