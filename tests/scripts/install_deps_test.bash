@@ -22,9 +22,11 @@ base_packages=(g++ cmake ninja-build pkg-config git clang-format shellcheck libn
   libasio-dev libsimdjson-dev libvalijson-dev libssl-dev libfmt-dev libwebsocketpp-dev
   catch2 nats-server)
 
-# Runs scripts/install-deps with ARGS on the simulated machine (see run_capture).
+# Runs scripts/install-deps with ARGS on the simulated machine (see run_capture), with
+# every signal at its default disposition, as from a terminal (a shell cannot trap a
+# signal that was ignored when it started, as SIGINT is in background jobs).
 install_deps() {
-  run_capture env "PATH=${state}/bin:${state}/tools" /bin/bash \
+  run_capture env --default-signal "PATH=${state}/bin:${state}/tools" /bin/bash \
     "${source_dir}/scripts/install-deps" "$@"
 }
 
@@ -38,11 +40,15 @@ test_installs_what_is_missing_and_exits_0() {
   expect_contains "${log}" "apt-get update" "apt-get update ran"
   expect_contains "${log}" "apt-get install -y --no-install-recommends ${base_packages[*]} nodejs npm" \
     "every package and Node.js were asked for"
-  expect_contains "${log}" "policy-rc.d: 101" "services were kept from starting during the install"
+  expect_contains "${log}" "policy-rc.d nats-server.service: 101" \
+    "nats-server's service was kept from starting during the install"
+  expect_contains "${log}" "policy-rc.d redis-server: 101" "so was redis-server's (invoke-rc.d's name)"
+  expect_contains "${log}" "policy-rc.d postgresql.service: 0" "another package's service starts as usual"
   expect_contains "${log}" "DEBIAN_FRONTEND: noninteractive" "the install asks no questions"
   expect_contains "${log}" "systemctl disable --quiet nats-server.service" \
     "Debian's nats-server service is disabled"
-  expect_not_contains "${log}" "redis-server" "nothing of the benchmarks without --bench"
+  expect_not_contains "${log}" "nodejs npm redis-server" "nothing of the benchmarks without --bench"
+  expect_not_contains "${log}" "systemctl disable --quiet redis-server" "no redis-server to disable"
   expect_contains "${last_out}" "install-deps: installed" "it says what it installed"
   if [[ -e ${AMP_POLICY_RC_D} ]]; then fail "the policy-rc.d it wrote is still there"; fi
   local pkg
@@ -80,15 +86,15 @@ test_installs_only_the_missing_ones() {
     "the service of a nats-server that was already installed is left alone"
 }
 
-test_bench_and_fresh_add_their_packages() {
+test_bench_adds_its_packages() {
   mark_installed "${base_packages[@]}"
   printf '#!/bin/sh\n' >"${state}/bin/node"
   printf '#!/bin/sh\n' >"${state}/bin/npm"
   chmod +x "${state}/bin/node" "${state}/bin/npm"
-  install_deps --bench --fresh
-  expect_rc 0 "${last_rc}" "install-deps --bench --fresh"
-  expect_contains "$(<"${log_file}")" "apt-get install -y --no-install-recommends redis-server gnuplot-nox debootstrap" \
-    "the benchmarks' and check-fresh's packages"
+  install_deps --bench
+  expect_rc 0 "${last_rc}" "install-deps --bench"
+  expect_contains "$(<"${log_file}")" "apt-get install -y --no-install-recommends redis-server gnuplot-nox"$'\n' \
+    "the benchmarks' packages"
   expect_contains "$(<"${log_file}")" "systemctl disable --quiet redis-server.service" \
     "Debian's redis-server service is disabled"
 }
@@ -123,15 +129,37 @@ test_leaves_an_existing_policy_alone() {
   before=$(<"${AMP_POLICY_RC_D}")
   install_deps
   expect_rc 0 "${last_rc}" "install-deps with a policy-rc.d in place"
-  expect_contains "$(<"${log_file}")" "policy-rc.d: 0" "the machine's own policy was the one in force"
+  expect_contains "$(<"${log_file}")" "policy-rc.d nats-server.service: 0" \
+    "the machine's own policy was the one in force"
   [[ -f ${AMP_POLICY_RC_D} ]] || fail "the machine's policy-rc.d was removed"
   expect_rc "${before}" "$(<"${AMP_POLICY_RC_D}")" "the machine's policy-rc.d is unchanged"
 }
 
 test_removes_its_policy_when_interrupted() {
-  STUB_APT_SIGNAL=TERM install_deps
-  expect_rc 143 "${last_rc}" "install-deps terminated during apt-get install"
-  if [[ -e ${AMP_POLICY_RC_D} ]]; then fail "the policy-rc.d it wrote survived SIGTERM"; fi
+  local signal expected
+  for signal in TERM INT HUP; do
+    case ${signal} in
+      TERM) expected=143 ;;
+      INT) expected=130 ;;
+      *) expected=129 ;;
+    esac
+    : >"${state}/installed"  # the stub goes on installing after it sent the signal
+    STUB_APT_SIGNAL=${signal} install_deps
+    expect_rc "${expected}" "${last_rc}" "install-deps with SIG${signal} during apt-get install"
+    if [[ -e ${AMP_POLICY_RC_D} ]]; then fail "the policy-rc.d it wrote survived SIG${signal}"; fi
+  done
+}
+
+test_replaces_its_own_policy_left_by_a_killed_run() {
+  printf '#!/bin/sh\n# Written by amp scripts/install-deps for the length of an install.\nexit 101\n' \
+    >"${AMP_POLICY_RC_D}"
+  chmod +x "${AMP_POLICY_RC_D}"
+  install_deps
+  expect_rc 0 "${last_rc}" "install-deps with a policy-rc.d of its own left behind"
+  expect_contains "${last_out}" "replacing ${AMP_POLICY_RC_D} left by an interrupted run" "it says so"
+  expect_contains "$(<"${log_file}")" "policy-rc.d postgresql.service: 0" \
+    "its policy, not the stale one, was in force"
+  if [[ -e ${AMP_POLICY_RC_D} ]]; then fail "the stale policy-rc.d is still there"; fi
 }
 
 test_refuses_an_unknown_argument() {

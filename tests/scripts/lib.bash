@@ -12,10 +12,25 @@ tracked_pids=()
 track_pid() { tracked_pids+=("$1"); }
 
 cleanup() {
-  local pid
+  local pid proc cwd alive _
+  for pid in "${tracked_pids[@]}"; do kill "${pid}" 2>/dev/null || true; done
+  for _ in $(seq 50); do
+    alive=0
+    for pid in "${tracked_pids[@]}"; do
+      if kill -0 "${pid}" 2>/dev/null; then alive=1; fi
+    done
+    if ((alive == 0)); then break; fi
+    sleep 0.1
+  done
   for pid in "${tracked_pids[@]}"; do
-    kill "${pid}" 2>/dev/null || true
+    kill -KILL "${pid}" 2>/dev/null || true
     wait "${pid}" 2>/dev/null || true
+  done
+  # Whatever a failed test left running in its directory (a server the script under test
+  # did not stop) would outlive the test and hold its output open.
+  for proc in /proc/[0-9]*; do
+    cwd=$(readlink "${proc}/cwd" 2>/dev/null) || continue
+    if [[ ${cwd} == "${work}" || ${cwd} == "${work}"/* ]]; then kill -KILL "${proc#/proc/}" 2>/dev/null || true; fi
   done
   rm -rf "${work}"
 }

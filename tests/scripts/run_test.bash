@@ -15,7 +15,7 @@ cp "${source_dir}/scripts/lib/ports.bash" "${repo}/scripts/lib/ports.bash"
 printf '#!/bin/sh\ntouch "%s/installed-deps"\n' "${work}" >"${repo}/scripts/install-deps"
 printf '#!/bin/sh\necho "cmake $*" >>"%s/cmake.log"\n' "${work}" >"${work}/bin/cmake"
 chmod +x "${repo}/scripts/install-deps" "${work}/bin/cmake"
-nats=$(nats_server_binary)
+nats=""  # the real nats-server, for the tests that start one (nats_server_binary)
 
 # Runs the copied scripts/run with the environment given as NAME=VALUE arguments.
 run_main() {
@@ -38,6 +38,7 @@ pick_ports() {
 
 # Starts a nats-server without JetStream (as Debian's service runs) on port $1.
 hold_port_with_nats() {
+  nats=$(nats_server_binary)
   "${nats}" -a 127.0.0.1 -p "$1" >"${work}/holder.log" 2>&1 &
   holder_pid=$!
   track_pid "${holder_pid}"
@@ -83,6 +84,7 @@ test_refuses_a_bad_port() {
 # The port was free when checked, but the server that answers there is not the one the
 # script started (another one took the port first): it must not go on with it.
 test_refuses_a_nats_server_that_is_not_its_own() {
+  nats=$(nats_server_binary)
   pick_ports
   # Started as the script's nats-server, it runs another one (no JetStream, another name)
   # on the same port and stays alive, as a server that lost the race to bind would not.
@@ -102,23 +104,40 @@ IMPOSTOR
   fi
 }
 
-# The way through, without building: the script starts its own nats-server (JetStream),
-# prints the token from build/bin/amp, runs build/bin/amp-server on it, and stops
-# nats-server when amp-server ends.
-test_starts_its_nats_server_and_stops_it_afterwards() {
-  pick_ports
+# A stand-in build/bin/amp (prints a token) and build/bin/amp-server: it records its
+# arguments and the INFO line of the NATS it is given, marks that it runs, and, when
+# AMP_TEST_SERVE is set, serves until SIGTERM, recording whether NATS still answered then.
+make_stand_ins() {
   mkdir -p "${repo}/build/bin"
   printf '#!/bin/sh\necho "token-for-$*"\n' >"${repo}/build/bin/amp"
-  # The stand-in amp-server records its arguments and the INFO of the NATS it is given.
   cat >"${repo}/build/bin/amp-server" <<'SERVER'
 #!/usr/bin/env bash
 echo "$*" >"${AMP_TEST_WORK}/server.args"
 port=${4##*:}
 exec 3<>"/dev/tcp/127.0.0.1/${port}"
 IFS= read -r -t 2 line <&3
+exec 3<&-
 echo "${line}" >"${AMP_TEST_WORK}/server.info"
+if [[ -z ${AMP_TEST_SERVE:-} ]]; then exit 0; fi
+on_term() {
+  if (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then echo up; else echo down; fi \
+    >"${AMP_TEST_WORK}/nats-at-term"
+  exit 0
+}
+trap on_term TERM
+touch "${AMP_TEST_WORK}/serving"
+while :; do sleep 0.1; done
 SERVER
   chmod +x "${repo}/build/bin/amp" "${repo}/build/bin/amp-server"
+  nats=$(nats_server_binary)
+}
+
+# The way through, without building: the script starts its own nats-server (JetStream),
+# prints the token from build/bin/amp, runs build/bin/amp-server on it, and stops
+# nats-server when amp-server ends.
+test_starts_its_nats_server_and_stops_it_afterwards() {
+  pick_ports
+  make_stand_ins
   run_main_on_ports "AMP_TEST_WORK=${work}" "AMP_NATS_SERVER=${nats}"
   expect_rc 0 "${last_rc}" "scripts/run with a stand-in amp-server that exits 0"
   [[ -e ${work}/installed-deps ]] || fail "install-deps was not run"
@@ -131,6 +150,58 @@ SERVER
   expect_contains "$(<"${work}/server.info")" '"jetstream":true' "amp-server got a NATS with JetStream"
   [[ -s ${repo}/var/dev-secret ]] || fail "no development secret in var/"
   if port_answers 127.0.0.1 "${nats_port}"; then fail "nats-server still runs after scripts/run"; fi
+}
+
+# Ctrl-C (SIGINT, from the terminal) or SIGTERM: amp-server is stopped first, while NATS
+# still answers, then nats-server; the script exits with amp-server's status.
+stops_both_on() {
+  local signal=$1 pid rc=0 _
+  pick_ports
+  make_stand_ins
+  env --default-signal "PATH=${work}/bin:${PATH}" "AMP_NATS_PORT=${nats_port}" \
+    "AMP_LISTEN=127.0.0.1:${listen_port}" "AMP_TEST_WORK=${work}" "AMP_NATS_SERVER=${nats}" \
+    AMP_TEST_SERVE=1 /bin/bash "${repo}/scripts/run" >"${work}/run.out" 2>&1 &
+  pid=$!
+  track_pid "${pid}"
+  for _ in $(seq 200); do
+    if [[ -e ${work}/serving ]]; then break; fi
+    sleep 0.1
+  done
+  [[ -e ${work}/serving ]] || fail "the stand-in amp-server did not start: $(<"${work}/run.out")"
+  kill "-${signal}" "${pid}"
+  for _ in $(seq 100); do
+    if ! kill -0 "${pid}" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  if kill -0 "${pid}" 2>/dev/null; then fail "scripts/run still runs 10 s after SIG${signal}"; fi
+  wait "${pid}" || rc=$?
+  expect_rc 0 "${rc}" "scripts/run after SIG${signal} (amp-server's status)"
+  [[ -e ${work}/nats-at-term ]] || fail "amp-server got no SIGTERM"
+  expect_rc up "$(<"${work}/nats-at-term")" "NATS when amp-server was told to stop"
+  if port_answers 127.0.0.1 "${nats_port}"; then fail "nats-server still runs after scripts/run"; fi
+}
+
+test_ctrl_c_stops_amp_server_then_nats_server() { stops_both_on INT; }
+
+test_sigterm_stops_amp_server_then_nats_server() { stops_both_on TERM; }
+
+# A nats-server that comes up without JetStream (here: a stand-in that drops -js) is
+# refused, not handed to amp-server.
+test_refuses_a_nats_server_without_jetstream() {
+  pick_ports
+  make_stand_ins
+  cat >"${work}/bin/no-jetstream" <<STUB
+#!/usr/bin/env bash
+args=()
+for a in "\$@"; do if [[ \$a != -js ]]; then args+=("\$a"); fi; done
+exec "${nats}" "\${args[@]}"
+STUB
+  chmod +x "${work}/bin/no-jetstream"
+  run_main_on_ports "AMP_TEST_WORK=${work}" "AMP_NATS_SERVER=${work}/bin/no-jetstream"
+  expect_rc 1 "${last_rc}" "scripts/run on a nats-server without JetStream"
+  expect_contains "${last_err}" "nats-server on port ${nats_port} runs without JetStream" "the message"
+  if [[ -e ${work}/server.args ]]; then fail "amp-server was started on it"; fi
+  if port_answers 127.0.0.1 "${nats_port}"; then fail "that nats-server still runs"; fi
 }
 
 run_test "$@"
