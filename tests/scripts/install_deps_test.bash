@@ -32,6 +32,14 @@ install_deps() {
 
 mark_installed() { printf '%s\n' "$@" >>"${state}/installed"; }
 
+# Every package of the default list installed, and a node and an npm on PATH.
+machine_has_everything() {
+  mark_installed "${base_packages[@]}"
+  printf '#!/bin/sh\n' >"${state}/bin/node"
+  printf '#!/bin/sh\n' >"${state}/bin/npm"
+  chmod +x "${state}/bin/node" "${state}/bin/npm"
+}
+
 test_installs_what_is_missing_and_exits_0() {
   install_deps
   expect_rc 0 "${last_rc}" "install-deps on a machine with nothing"
@@ -73,11 +81,8 @@ test_is_idempotent() {
 }
 
 test_installs_only_the_missing_ones() {
-  mark_installed "${base_packages[@]}"
+  machine_has_everything
   sed -i '/^libnats-dev$/d' "${state}/installed"
-  printf '#!/bin/sh\n' >"${state}/bin/node"
-  printf '#!/bin/sh\n' >"${state}/bin/npm"
-  chmod +x "${state}/bin/node" "${state}/bin/npm"
   install_deps
   expect_rc 0 "${last_rc}" "install-deps with one package missing"
   expect_contains "$(<"${log_file}")" "apt-get install -y --no-install-recommends libnats-dev"$'\n' \
@@ -87,10 +92,7 @@ test_installs_only_the_missing_ones() {
 }
 
 test_bench_adds_its_packages() {
-  mark_installed "${base_packages[@]}"
-  printf '#!/bin/sh\n' >"${state}/bin/node"
-  printf '#!/bin/sh\n' >"${state}/bin/npm"
-  chmod +x "${state}/bin/node" "${state}/bin/npm"
+  machine_has_everything
   install_deps --bench
   expect_rc 0 "${last_rc}" "install-deps --bench"
   expect_contains "$(<"${log_file}")" "apt-get install -y --no-install-recommends redis-server gnuplot-nox"$'\n' \
