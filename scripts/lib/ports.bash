@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# TCP ports on this machine, read from /proc (no tool needed): sourced by scripts/run,
-# scripts/nats-cluster, scripts/check-fresh and tests/scripts.
+# TCP ports on this machine, from /proc and bash's /dev/tcp (no tool needed): sourced by
+# scripts/run, scripts/nats-cluster, scripts/check-fresh and tests/scripts.
 
 # Prints the local port of every TCP socket (any state, IPv4 and IPv6), one a line.
 ports_in_use() {
@@ -40,6 +40,17 @@ choose_free_ports() {
 # True when something accepts TCP connections on host $1, port $2.
 port_answers() {
   (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
+}
+
+# Connects to 127.0.0.1, port $1, sends $2 (if given) and prints the first line that comes
+# back within 5 s (without its CR); prints nothing when nothing answers.
+first_line_from() {
+  (
+    exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 0
+    if [[ -n ${2:-} ]]; then printf '%s' "$2" >&3; fi
+    IFS= read -r -t 5 line <&3 || exit 0
+    printf '%s' "${line%$'\r'}"
+  ) 2>/dev/null
 }
 
 # Prints "NAME (pid N)" for the process listening on TCP port $1, or nothing when it

@@ -6,6 +6,8 @@
 set -euo pipefail
 
 source_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source=scripts/lib/ports.bash
+source "${source_dir}/scripts/lib/ports.bash"
 work=$(mktemp -d "${TMPDIR:-/tmp}/amp-scripts-test.XXXXXX")
 tracked_pids=()
 
@@ -86,7 +88,7 @@ nats_server_binary() {
 wait_for_port() {
   local _
   for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    if port_answers 127.0.0.1 "$1"; then return 0; fi
     sleep 0.1
   done
   fail "nothing answered on port $1 within 10 s"

@@ -5,8 +5,6 @@
 # is a stub that leaves a mark, and with `cmake` a stub on PATH, so nothing is built here.
 # shellcheck source=tests/scripts/lib.bash
 source "$(dirname "${BASH_SOURCE[0]}")/lib.bash"
-# shellcheck source=scripts/lib/ports.bash
-source "${source_dir}/scripts/lib/ports.bash"
 
 repo=${work}/repo
 mkdir -p "${repo}/scripts/lib" "${work}/bin"
