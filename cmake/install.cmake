@@ -36,9 +36,9 @@ install(EXPORT amp-targets NAMESPACE amp:: DESTINATION ${AMP_CMAKE_INSTALL_DIR})
 
 write_basic_package_version_file(${AMP_PACKAGE_BINARY_DIR}/amp-config-version.cmake
                                  COMPATIBILITY SameMajorVersion)
-set(amp_package_files ${AMP_PACKAGE_BINARY_DIR}/amp-config.cmake
-                      ${AMP_PACKAGE_BINARY_DIR}/amp-config-version.cmake)
-install(FILES ${amp_package_files} DESTINATION ${AMP_CMAKE_INSTALL_DIR})
+install(FILES ${AMP_PACKAGE_BINARY_DIR}/amp-config.cmake
+              ${AMP_PACKAGE_BINARY_DIR}/amp-config-version.cmake
+        DESTINATION ${AMP_CMAKE_INSTALL_DIR})
 foreach(library IN LISTS AMP_PACKAGE_LIBRARIES)
   install(FILES ${AMP_PACKAGE_BINARY_DIR}/${library}.pc DESTINATION ${AMP_PKGCONFIG_INSTALL_DIR})
 endforeach()
