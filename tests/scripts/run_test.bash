@@ -110,16 +110,13 @@ make_stand_ins() {
   printf '#!/bin/sh\necho "token-for-$*"\n' >"${repo}/build/bin/amp"
   cat >"${repo}/build/bin/amp-server" <<'SERVER'
 #!/usr/bin/env bash
+source "$(dirname "$0")/../../scripts/lib/ports.bash"
 echo "$*" >"${AMP_TEST_WORK}/server.args"
 port=${4##*:}
-exec 3<>"/dev/tcp/127.0.0.1/${port}"
-IFS= read -r -t 2 line <&3
-exec 3<&-
-echo "${line}" >"${AMP_TEST_WORK}/server.info"
+first_line_from "${port}" >"${AMP_TEST_WORK}/server.info"
 if [[ -z ${AMP_TEST_SERVE:-} ]]; then exit 0; fi
 on_term() {
-  if (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then echo up; else echo down; fi \
-    >"${AMP_TEST_WORK}/nats-at-term"
+  if port_answers 127.0.0.1 "${port}"; then echo up; else echo down; fi >"${AMP_TEST_WORK}/nats-at-term"
   exit 0
 }
 trap on_term TERM
