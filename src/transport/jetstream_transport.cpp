@@ -80,6 +80,7 @@ bool is_connection_status(natsStatus s) {
 constexpr int k_stream_not_found = 10059;
 constexpr int k_consumer_not_found = 10014;
 constexpr int k_no_message_found = 10037;
+constexpr int k_sequence_not_found = 10043;
 constexpr int k_wrong_last_sequence = 10071;
 constexpr int k_stream_name_in_use = 10058;
 constexpr int k_subjects_overlap = 10065;
@@ -93,7 +94,8 @@ errc code_for_js_error(int err_code, std::string_view description) {
   switch (err_code) {
     case k_stream_not_found:
     case k_consumer_not_found:
-    case k_no_message_found: return errc::not_found;
+    case k_no_message_found:
+    case k_sequence_not_found: return errc::not_found;
     case k_wrong_last_sequence:
     case k_stream_name_in_use:
     case k_subjects_overlap:
@@ -1178,59 +1180,116 @@ class jetstream_backend final : public transport,
   result<void> ensure_bucket(const kv_config& config) override {
     if (auto r = detail::validate(config); !r) return r.error();
     auto r = create_bucket(config);
-    if (r) note_direct_get(config.bucket);
+    if (r) note_bucket(config.bucket);
     return r;
   }
 
+  // The stream of a bucket as cnats lays it out (js_CreateKeyValue), except that it allows
+  // message deletes: a purge then deletes the key's old revisions one by one instead of
+  // rolling them up (see async_kv_purge).
   result<void> create_bucket(const kv_config& config) {
-    auto existing = stream_info_of(kv_stream(config.bucket));
+    std::string name = kv_stream(config.bucket);
+    auto existing = stream_info_of(name);
     if (existing) return compare_bucket(existing->config, config);
     if (existing.error().code() != errc::not_found) return existing.error();
-    kvConfig kc;
-    kvConfig_Init(&kc);
-    kc.Bucket = config.bucket.c_str();
-    kc.History = static_cast<uint8_t>(config.history);
-    kc.TTL = to_ns(config.ttl);
-    kc.StorageType = config.storage == storage_type::memory ? js_MemoryStorage : js_FileStorage;
-    kc.Replicas = config.replicas;
-    kc.MaxValueSize = config.max_value_size > 0 ? config.max_value_size : -1;
-    kvStore* kv = nullptr;
-    auto s = js_CreateKeyValue(&kv, conn_->js(), &kc);
-    if (kv) kvStore_Destroy(kv);
-    if (s != NATS_OK) {
-      auto again = stream_info_of(kv_stream(config.bucket));
+    std::string subject = fmt::format("$KV.{}.>", config.bucket);
+    const char* subjects[] = {subject.c_str()};
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    sc.Name = name.c_str();
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    sc.MaxMsgsPerSubject = config.history;
+    sc.MaxAge = to_ns(config.ttl);
+    sc.MaxMsgSize = config.max_value_size > 0 ? config.max_value_size : -1;
+    sc.Storage = config.storage == storage_type::memory ? js_MemoryStorage : js_FileStorage;
+    sc.Replicas = config.replicas;
+    sc.Discard = js_DiscardNew;
+    sc.Duplicates = to_ns(config.ttl > duration::zero() ? std::min<duration>(config.ttl, 2min)
+                                                        : duration(2min));
+    sc.AllowRollup = true;
+    sc.AllowDirect = true;
+    sc.DenyDelete = false;
+    jsStreamInfo* si = nullptr;
+    auto r = with_retry(fmt::format("create bucket \"{}\"", config.bucket), [&](jsErrCode& ec) {
+      return js_AddStream(&si, conn_->js(), &sc, nullptr, &ec);
+    });
+    if (si) jsStreamInfo_Destroy(si);
+    if (!r) {
+      // Another process may have created it in the meantime: compare with what is there.
+      auto again = stream_info_of(name);
       if (again) return compare_bucket(again->config, config);
-      return status_error(s, 0, fmt::format("create bucket \"{}\"", config.bucket));
+      return r.error();
     }
     return {};
   }
 
-  // Buckets whose stream allows direct gets (cnats creates them so) are read with
-  // `$JS.API.DIRECT.GET`, which costs the server less than a STREAM.MSG.GET.
-  void note_direct_get(const std::string& bucket) {
+  // How a bucket's stream is set up, for reads (direct gets cost the server less than
+  // STREAM.MSG.GET) and purges (deletes of single revisions, where the stream allows them).
+  struct bucket_traits {
+    bool direct = false;
+    bool deletes = false;
+  };
+
+  void note_bucket(const std::string& bucket) {
     jsStreamInfo* si = nullptr;
     jsErrCode ec = static_cast<jsErrCode>(0);
     std::string stream = kv_stream(bucket);
     if (js_GetStreamInfo(&si, conn_->js(), stream.c_str(), nullptr, &ec) != NATS_OK) return;
-    bool direct = si->Config && si->Config->AllowDirect;
+    bucket_traits traits{.direct = si->Config && si->Config->AllowDirect,
+                         .deletes = si->Config && !si->Config->DenyDelete};
     jsStreamInfo_Destroy(si);
-    std::lock_guard lock(direct_mu_);
-    if (direct) direct_buckets_.insert(bucket);
+    std::lock_guard lock(buckets_mu_);
+    buckets_[bucket] = traits;
+  }
+
+  std::optional<bucket_traits> traits_of(const std::string& bucket) {
+    std::lock_guard lock(buckets_mu_);
+    auto it = buckets_.find(bucket);
+    if (it == buckets_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  // The traits, asked of the server (STREAM.INFO) the first time; nothing when it cannot
+  // tell (the bucket is missing, the server does not answer).
+  void async_traits_of(const std::string& bucket,
+                       std::function<void(std::optional<bucket_traits>)> done) {
+    if (auto known = traits_of(bucket)) return done(known);
+    auto self = shared_from_this();
+    conn_->request(fmt::format("$JS.API.STREAM.INFO.{}", kv_stream(bucket)), "", {},
+                   conn_->deadline(), [self, bucket, done = std::move(done)](result<nats_reply> r) {
+                     simdjson::dom::element doc;
+                     simdjson::dom::element config;
+                     if (!r || local_parser().parse(r->data).get(doc) != simdjson::SUCCESS ||
+                         doc["config"].get(config) != simdjson::SUCCESS) {
+                       return done(std::nullopt);
+                     }
+                     bool deny_delete = false;
+                     bucket_traits traits;
+                     read_field(config, "allow_direct", traits.direct);
+                     read_field(config, "deny_delete", deny_delete);
+                     traits.deletes = !deny_delete;
+                     {
+                       std::lock_guard lock(self->buckets_mu_);
+                       self->buckets_[bucket] = traits;
+                     }
+                     done(traits);
+                   });
   }
 
   bool direct_get(const std::string& bucket) {
-    std::lock_guard lock(direct_mu_);
-    return direct_buckets_.count(bucket) > 0;
+    auto traits = traits_of(bucket);
+    return traits && traits->direct;
   }
 
-  void forget_direct_get(const std::string& bucket) {
-    std::lock_guard lock(direct_mu_);
-    direct_buckets_.erase(bucket);
+  void forget_bucket(const std::string& bucket) {
+    std::lock_guard lock(buckets_mu_);
+    buckets_.erase(bucket);
   }
 
   result<void> delete_bucket(std::string_view bucket) override {
     if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
-    forget_direct_get(std::string(bucket));
+    forget_bucket(std::string(bucket));
     auto r = delete_stream(kv_stream(bucket));
     if (!r && r.error().code() == errc::not_found) {
       return unexpected(errc::not_found, fmt::format("bucket \"{}\" not found", bucket));
@@ -1304,10 +1363,28 @@ class jetstream_backend final : public transport,
     kv_marker(bucket, key, {{std::string(k_kv_op), "DEL"}}, std::move(done));
   }
 
+  // A rollup on a bucket that denies deletes. Otherwise the marker, then each earlier
+  // revision deleted by its sequence: nats-server 2.9.10 moves every consumer of a stream
+  // that takes in the purged subject to the rollup's marker, past what it had not yet sent
+  // of other subjects, so a watch would lose other keys' changes.
   void async_kv_purge(std::string_view bucket, std::string_view key,
                       completion<void> done) override {
-    kv_marker(bucket, key, {{std::string(k_kv_op), "PURGE"}, {"Nats-Rollup", "sub"}},
-              std::move(done));
+    if (auto r = check_kv(bucket, key, std::nullopt); !r) return done(r.error());
+    auto self = shared_from_this();
+    std::string b(bucket);
+    std::string k(key);
+    async_traits_of(b, [self, b, k,
+                        done = std::move(done)](std::optional<bucket_traits> traits) mutable {
+      if (!traits || !traits->deletes) {
+        return self->kv_marker(b, k, {{std::string(k_kv_op), "PURGE"}, {"Nats-Rollup", "sub"}},
+                               std::move(done));
+      }
+      self->kv_publish(b, k, {}, {{std::string(k_kv_op), "PURGE"}},
+                       [self, b, k, done = std::move(done)](result<std::uint64_t> marker) mutable {
+                         if (!marker) return done(std::move(marker).error());
+                         self->delete_revisions(b, k, 1, *marker, std::move(done));
+                       });
+    });
   }
 
   result<std::vector<std::string>> kv_keys(std::string_view bucket) override {
@@ -2057,6 +2134,49 @@ class jetstream_backend final : public transport,
                });
   }
 
+  // Deletes the key's revisions from `from` up to, not including, `before`: each found with
+  // STREAM.MSG.GET next_by_subj, then removed with STREAM.MSG.DELETE.
+  void delete_revisions(std::string bucket, std::string key, std::uint64_t from,
+                        std::uint64_t before, completion<void> done) {
+    auto self = shared_from_this();
+    std::string stream = kv_stream(bucket);
+    std::string what = fmt::format("purge of key \"{}\"", key);
+    std::string query =
+        fmt::format(R"({{"seq":{},"next_by_subj":{}}})", from, json_quote(kv_subject(bucket, key)));
+    conn_->request(
+        fmt::format("$JS.API.STREAM.MSG.GET.{}", stream), std::move(query), {}, conn_->deadline(),
+        [self, bucket = std::move(bucket), key = std::move(key), stream, what, before,
+         done = std::move(done)](result<nats_reply> r) mutable {
+          if (!r) return done(std::move(r).error());
+          auto m = parse_stored(stream, r->data, what);
+          if (!m) {
+            if (m.error().code() == errc::not_found) return done({});
+            return done(std::move(m).error());
+          }
+          if (m->seq >= before) return done({});
+          std::uint64_t seq = m->seq;
+          self->conn_->request(
+              fmt::format("$JS.API.STREAM.MSG.DELETE.{}", stream),
+              fmt::format(R"({{"seq":{},"no_erase":true}})", seq), {}, self->conn_->deadline(),
+              [self, bucket = std::move(bucket), key = std::move(key), what, seq, before,
+               done = std::move(done)](result<nats_reply> deleted) mutable {
+                if (!deleted) return done(std::move(deleted).error());
+                simdjson::dom::element doc;
+                if (local_parser().parse(deleted->data).get(doc) != simdjson::SUCCESS) {
+                  return done(unexpected(
+                      errc::internal, fmt::format("{}: JetStream answered with bad JSON", what)));
+                }
+                // Gone already (the history limit, or another purge) is as good as deleted.
+                if (auto e = api_error(doc, what); e && e->code() != errc::not_found) {
+                  self->forget_bucket(bucket);  // made again, denying deletes, perhaps
+                  return done(std::move(*e));
+                }
+                self->delete_revisions(std::move(bucket), std::move(key), seq + 1, before,
+                                       std::move(done));
+              });
+        });
+  }
+
   // The key's last revision, markers included.
   void last_entry(const std::string& bucket, const std::string& key, completion<kv_entry> done) {
     std::string subject = kv_subject(bucket, key);
@@ -2117,7 +2237,7 @@ class jetstream_backend final : public transport,
         },
         // Nobody serves direct gets for it: the bucket is gone.
         [self, bucket](std::function<void(std::optional<error>)> verdict) {
-          self->forget_direct_get(bucket);
+          self->forget_bucket(bucket);
           verdict(error(errc::not_found, fmt::format("bucket \"{}\" not found", bucket)));
         });
   }
@@ -2146,8 +2266,8 @@ class jetstream_backend final : public transport,
 
   std::shared_ptr<connection> conn_;
   bool per_key_ttl_ = false;
-  std::mutex direct_mu_;
-  std::set<std::string> direct_buckets_;
+  std::mutex buckets_mu_;
+  std::map<std::string, bucket_traits> buckets_;  // buckets seen to exist
   std::mutex known_mu_;
   std::map<std::string, time_point> known_;  // "<stream>.<consumer>" seen to exist
   std::mutex lines_mu_;

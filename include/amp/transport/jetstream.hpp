@@ -45,7 +45,16 @@
 /// two concurrent updates on one revision can both succeed (nats-server issue 4320, fixed in
 /// 2.9.21), so compare-and-set is safe on single servers and R1 buckets only there; per-key
 /// TTL needs 2.11. Two processes moving work-queue consumer filters at the same moment can
-/// both pass the library's overlap check (the server accepts overlapping updates).
+/// both pass the library's overlap check (the server accepts overlapping updates). A
+/// rollup moves every consumer of the stream that takes in the rolled-up subject to the
+/// rollup's marker, past what it had not yet sent of other subjects (nats-server pull
+/// request 3838 fixed it later). So the buckets `ensure_bucket` creates allow message
+/// deletes, and a purge writes its marker and then deletes the key's earlier revisions one
+/// by one (one STREAM.MSG.GET and one STREAM.MSG.DELETE each; a reader of the key's history
+/// meanwhile may still see some of them, and a purge that fails after its marker leaves
+/// them to the next purge of the key). A bucket whose stream denies deletes, as cnats and
+/// nats.go make them, is purged with a rollup: a watch of it that is behind may miss other
+/// keys' changes.
 
 #include <memory>
 #include <string>

@@ -248,8 +248,8 @@ struct kv_watch_options {
 struct kv_watch_handlers {
   /// Each entry: first the latest value of every live matching key (unless
   /// `updates_only`), then every put, del, purge and expiry as it happens. A watcher that
-  /// falls behind on JetStream may miss revisions that the bucket's `history` no longer
-  /// keeps; it always sees the latest.
+  /// falls behind on JetStream may miss revisions that the bucket's `history` or a purge
+  /// no longer keeps; it always sees the latest.
   std::function<void(const kv_entry&)> on_entry{};
   /// Once, after the initial values (at once when there are none or `updates_only`).
   std::function<void()> on_caught_up{};
