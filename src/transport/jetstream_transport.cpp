@@ -1232,15 +1232,27 @@ class jetstream_backend final : public transport,
   };
 
   void note_bucket(const std::string& bucket) {
-    jsStreamInfo* si = nullptr;
-    jsErrCode ec = static_cast<jsErrCode>(0);
-    std::string stream = kv_stream(bucket);
-    if (js_GetStreamInfo(&si, conn_->js(), stream.c_str(), nullptr, &ec) != NATS_OK) return;
-    bucket_traits traits{.direct = si->Config && si->Config->AllowDirect,
-                         .deletes = si->Config && !si->Config->DenyDelete};
-    jsStreamInfo_Destroy(si);
+    if (auto info = conn_->api(fmt::format("$JS.API.STREAM.INFO.{}", kv_stream(bucket)), "")) {
+      learn_traits(bucket, *info);
+    }
+  }
+
+  // Remembers the traits a STREAM.INFO answer shows; nothing when it shows none (an error).
+  std::optional<bucket_traits> learn_traits(const std::string& bucket, const std::string& info) {
+    simdjson::dom::element doc;
+    simdjson::dom::element config;
+    if (local_parser().parse(info).get(doc) != simdjson::SUCCESS ||
+        doc["config"].get(config) != simdjson::SUCCESS) {
+      return std::nullopt;
+    }
+    bool deny_delete = false;
+    bucket_traits traits;
+    read_field(config, "allow_direct", traits.direct);
+    read_field(config, "deny_delete", deny_delete);
+    traits.deletes = !deny_delete;
     std::lock_guard lock(buckets_mu_);
     buckets_[bucket] = traits;
+    return traits;
   }
 
   std::optional<bucket_traits> traits_of(const std::string& bucket) {
@@ -1250,30 +1262,15 @@ class jetstream_backend final : public transport,
     return it->second;
   }
 
-  // The traits, asked of the server (STREAM.INFO) the first time; nothing when it cannot
-  // tell (the bucket is missing, the server does not answer).
+  // The traits, asked of the server the first time; nothing when it cannot tell (the
+  // bucket is missing, the server does not answer).
   void async_traits_of(const std::string& bucket,
                        std::function<void(std::optional<bucket_traits>)> done) {
     if (auto known = traits_of(bucket)) return done(known);
     auto self = shared_from_this();
     conn_->request(fmt::format("$JS.API.STREAM.INFO.{}", kv_stream(bucket)), "", {},
                    conn_->deadline(), [self, bucket, done = std::move(done)](result<nats_reply> r) {
-                     simdjson::dom::element doc;
-                     simdjson::dom::element config;
-                     if (!r || local_parser().parse(r->data).get(doc) != simdjson::SUCCESS ||
-                         doc["config"].get(config) != simdjson::SUCCESS) {
-                       return done(std::nullopt);
-                     }
-                     bool deny_delete = false;
-                     bucket_traits traits;
-                     read_field(config, "allow_direct", traits.direct);
-                     read_field(config, "deny_delete", deny_delete);
-                     traits.deletes = !deny_delete;
-                     {
-                       std::lock_guard lock(self->buckets_mu_);
-                       self->buckets_[bucket] = traits;
-                     }
-                     done(traits);
+                     done(r ? self->learn_traits(bucket, r->data) : std::nullopt);
                    });
   }
 
@@ -1363,28 +1360,29 @@ class jetstream_backend final : public transport,
     kv_marker(bucket, key, {{std::string(k_kv_op), "DEL"}}, std::move(done));
   }
 
-  // A rollup on a bucket that denies deletes. Otherwise the marker, then each earlier
-  // revision deleted by its sequence: nats-server 2.9.10 moves every consumer of a stream
-  // that takes in the purged subject to the rollup's marker, past what it had not yet sent
-  // of other subjects, so a watch would lose other keys' changes.
+  // The marker, then each earlier revision deleted by its sequence; a rollup where the
+  // bucket denies deletes. nats-server 2.9.10 moves every consumer of a stream that takes in
+  // a rolled-up subject to the rollup's marker, past what it had not yet sent of other
+  // subjects, so a watch would lose other keys' changes.
   void async_kv_purge(std::string_view bucket, std::string_view key,
                       completion<void> done) override {
     if (auto r = check_kv(bucket, key, std::nullopt); !r) return done(r.error());
     auto self = shared_from_this();
     std::string b(bucket);
     std::string k(key);
-    async_traits_of(b, [self, b, k,
-                        done = std::move(done)](std::optional<bucket_traits> traits) mutable {
-      if (!traits || !traits->deletes) {
-        return self->kv_marker(b, k, {{std::string(k_kv_op), "PURGE"}, {"Nats-Rollup", "sub"}},
-                               std::move(done));
-      }
-      self->kv_publish(b, k, {}, {{std::string(k_kv_op), "PURGE"}},
-                       [self, b, k, done = std::move(done)](result<std::uint64_t> marker) mutable {
-                         if (!marker) return done(std::move(marker).error());
-                         self->delete_revisions(b, k, 1, *marker, std::move(done));
-                       });
-    });
+    async_traits_of(
+        b, [self, b, k, done = std::move(done)](std::optional<bucket_traits> traits) mutable {
+          bool deletes = traits && traits->deletes;
+          header_list headers{{std::string(k_kv_op), "PURGE"}};
+          if (!deletes) headers.emplace_back("Nats-Rollup", "sub");
+          self->kv_publish(
+              b, k, {}, std::move(headers),
+              [self, b, k, deletes, done = std::move(done)](result<std::uint64_t> marker) mutable {
+                if (!marker) return done(std::move(marker).error());
+                if (!deletes) return done({});
+                self->delete_revisions(b, k, 1, *marker, std::move(done));
+              });
+        });
   }
 
   result<std::vector<std::string>> kv_keys(std::string_view bucket) override {
@@ -2135,45 +2133,55 @@ class jetstream_backend final : public transport,
   }
 
   // Deletes the key's revisions from `from` up to, not including, `before`: each found with
-  // STREAM.MSG.GET next_by_subj, then removed with STREAM.MSG.DELETE.
+  // STREAM.MSG.GET next_by_subj, then removed by delete_revision.
   void delete_revisions(std::string bucket, std::string key, std::uint64_t from,
                         std::uint64_t before, completion<void> done) {
     auto self = shared_from_this();
-    std::string stream = kv_stream(bucket);
-    std::string what = fmt::format("purge of key \"{}\"", key);
     std::string query =
         fmt::format(R"({{"seq":{},"next_by_subj":{}}})", from, json_quote(kv_subject(bucket, key)));
+    // Both made before `bucket` moves into the callback.
+    std::string subject = fmt::format("$JS.API.STREAM.MSG.GET.{}", kv_stream(bucket));
     conn_->request(
-        fmt::format("$JS.API.STREAM.MSG.GET.{}", stream), std::move(query), {}, conn_->deadline(),
-        [self, bucket = std::move(bucket), key = std::move(key), stream, what, before,
+        std::move(subject), std::move(query), {}, conn_->deadline(),
+        [self, bucket = std::move(bucket), key = std::move(key), before,
          done = std::move(done)](result<nats_reply> r) mutable {
           if (!r) return done(std::move(r).error());
-          auto m = parse_stored(stream, r->data, what);
+          auto m =
+              parse_stored(kv_stream(bucket), r->data, fmt::format("purge of key \"{}\"", key));
           if (!m) {
             if (m.error().code() == errc::not_found) return done({});
             return done(std::move(m).error());
           }
           if (m->seq >= before) return done({});
-          std::uint64_t seq = m->seq;
-          self->conn_->request(
-              fmt::format("$JS.API.STREAM.MSG.DELETE.{}", stream),
-              fmt::format(R"({{"seq":{},"no_erase":true}})", seq), {}, self->conn_->deadline(),
-              [self, bucket = std::move(bucket), key = std::move(key), what, seq, before,
-               done = std::move(done)](result<nats_reply> deleted) mutable {
-                if (!deleted) return done(std::move(deleted).error());
-                simdjson::dom::element doc;
-                if (local_parser().parse(deleted->data).get(doc) != simdjson::SUCCESS) {
-                  return done(unexpected(
-                      errc::internal, fmt::format("{}: JetStream answered with bad JSON", what)));
-                }
-                // Gone already (the history limit, or another purge) is as good as deleted.
-                if (auto e = api_error(doc, what); e && e->code() != errc::not_found) {
-                  self->forget_bucket(bucket);  // made again, denying deletes, perhaps
-                  return done(std::move(*e));
-                }
-                self->delete_revisions(std::move(bucket), std::move(key), seq + 1, before,
-                                       std::move(done));
-              });
+          self->delete_revision(std::move(bucket), std::move(key), m->seq, before, std::move(done));
+        });
+  }
+
+  // Deletes revision `seq`, then goes on with the next ones below `before`.
+  void delete_revision(std::string bucket, std::string key, std::uint64_t seq, std::uint64_t before,
+                       completion<void> done) {
+    auto self = shared_from_this();
+    // Made before `bucket` moves into the callback.
+    std::string subject = fmt::format("$JS.API.STREAM.MSG.DELETE.{}", kv_stream(bucket));
+    conn_->request(
+        std::move(subject), fmt::format(R"({{"seq":{},"no_erase":true}})", seq), {},
+        conn_->deadline(),
+        [self, bucket = std::move(bucket), key = std::move(key), seq, before,
+         done = std::move(done)](result<nats_reply> r) mutable {
+          if (!r) return done(std::move(r).error());
+          auto what = fmt::format("purge of key \"{}\"", key);
+          simdjson::dom::element doc;
+          if (local_parser().parse(r->data).get(doc) != simdjson::SUCCESS) {
+            return done(unexpected(errc::internal,
+                                   fmt::format("{}: JetStream answered with bad JSON", what)));
+          }
+          // Gone already (the history limit, or another purge) is as good as deleted.
+          if (auto e = api_error(doc, what); e && e->code() != errc::not_found) {
+            self->forget_bucket(bucket);  // made again, denying deletes, perhaps
+            return done(std::move(*e));
+          }
+          self->delete_revisions(std::move(bucket), std::move(key), seq + 1, before,
+                                 std::move(done));
         });
   }
 
