@@ -1,11 +1,16 @@
 #include "amp/schema.hpp"
 
+#include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "amp/detail/embedded_schemas.hpp"
@@ -21,38 +26,13 @@ namespace amp {
 
 struct json_schema::impl {
   valijson::Schema schema;
-
-  // valijson's Validator caches compiled regexes in itself, so one must never be used by
-  // two threads at once; compiling them costs far more than validating an envelope, so
-  // each call borrows a warm one from this pool and gives it back.
-  std::unique_ptr<valijson::Validator> borrow() const {
-    {
-      std::lock_guard lock(mutex_);
-      if (!idle_.empty()) {
-        auto v = std::move(idle_.back());
-        idle_.pop_back();
-        return v;
-      }
-    }
-    return std::make_unique<valijson::Validator>(valijson::Validator::kStrongTypes);
-  }
-
-  void give_back(std::unique_ptr<valijson::Validator> v) const {
-    std::lock_guard lock(mutex_);
-    if (idle_.size() < max_idle) {
-      idle_.push_back(std::move(v));
-    }
-  }
-
- private:
-  static constexpr std::size_t max_idle = 16;
-  mutable std::mutex mutex_;
-  mutable std::vector<std::unique_ptr<valijson::Validator>> idle_;
 };
 
 namespace {
 
 namespace dom = simdjson::dom;
+using valijson::ValidationResults;
+using valijson::adapters::Adapter;
 
 std::string pointer_token(std::string_view name) {
   std::string out;
@@ -60,83 +40,397 @@ std::string pointer_token(std::string_view name) {
   return out;
 }
 
-// ---- Refusing schemas whose regular expressions std::regex cannot compile ----------
-// valijson compiles `pattern` only when it first validates a string, and would throw
-// then; find them now. Walks schema positions only, so that `enum` or `const` values
-// that happen to hold a "pattern" member are left alone.
+// ---- Keywords amp checks itself -----------------------------------------------------
+// valijson matches `pattern`, `patternProperties` and `format` with std::regex in its
+// default mode, which backtracks recursively (one stack frame per character, exponential
+// time on some patterns), and checks `uniqueItems` by comparing every pair of items. Before
+// valijson reads a schema, `pattern`, `format` and `uniqueItems` are renamed to the
+// keywords below, whose constraints run in time and stack bounded by the string or array:
+// patterns in libstdc++'s non-recursive automaton mode (std::regex_constants::__polynomial),
+// formats by hand, uniqueness by sorting. `patternProperties` is refused.
 
-std::optional<std::string> check_schema_patterns(dom::element node, const std::string& at);
+constexpr std::string_view pattern_keyword = "x-amp-pattern";
+constexpr std::string_view format_keyword = "x-amp-format";
+constexpr std::string_view unique_keyword = "x-amp-uniqueItems";
 
-std::optional<std::string> check_regex(std::string_view pattern, const std::string& at) {
-  try {
-    std::regex compiled{std::string(pattern)};
-  } catch (const std::regex_error& e) {
-    return "the regular expression " + json_quote(pattern) + " at " + at +
-           " does not compile: " + e.what();
-  }
-  return std::nullopt;
+constexpr auto regex_flags = std::regex::ECMAScript | std::regex_constants::__polynomial;
+
+// regex_search in the automaton mode tries every start position (quadratic); a match of
+// the pattern between two "anything" runs is the same search in one pass. `^` and `$` keep
+// their meaning: without the multiline flag they hold only at the ends of the input.
+std::regex compile_search(std::string_view pattern) {
+  std::regex alone{std::string(pattern), regex_flags};  // reports errors of the pattern itself
+  return std::regex{"[\\s\\S]*(?:" + std::string(pattern) + ")[\\s\\S]*", regex_flags};
 }
 
-std::optional<std::string> check_schema_map(dom::element node, const std::string& at) {
-  dom::object map;
-  if (node.get_object().get(map)) {
-    return std::nullopt;
+template <class Derived>
+class own_constraint : public valijson::constraints::PolyConstraint {
+ private:
+  Constraint* cloneInto(void* memory) const override {
+    return new (memory) Derived(static_cast<const Derived&>(*this));
   }
-  for (auto [name, value] : map) {
-    if (auto bad = check_schema_patterns(value, at + pointer_token(name))) {
-      return bad;
-    }
+  std::size_t sizeOf() const override { return sizeof(Derived); }
+};
+
+bool fail_with(ValidationResults* results, const std::vector<std::string>& context,
+               std::string description) {
+  if (results) {
+    results->pushError(context, std::move(description));
   }
-  return std::nullopt;
+  return false;
 }
 
-std::optional<std::string> check_schema_patterns(dom::element node, const std::string& at) {
-  if (dom::array array; !node.get_array().get(array)) {  // items, allOf, anyOf, oneOf
-    std::size_t index = 0;
-    for (dom::element item : array) {
-      if (auto bad = check_schema_patterns(item, at + "/" + std::to_string(index++))) {
-        return bad;
+class pattern_constraint final : public own_constraint<pattern_constraint> {
+ public:
+  explicit pattern_constraint(std::string_view pattern)
+      : regex_(std::make_shared<const std::regex>(compile_search(pattern))) {}
+
+  bool validate(const Adapter& target, const std::vector<std::string>& context,
+                ValidationResults* results) const override {
+    if (!target.isString()) {
+      return true;
+    }
+    const std::string s = target.getString();
+    if (std::regex_match(s, *regex_)) {
+      return true;
+    }
+    return fail_with(results, context, "Failed to match regex specified by 'pattern' constraint.");
+  }
+
+ private:
+  std::shared_ptr<const std::regex> regex_;  // const matching is safe from any thread
+};
+
+// ---- RFC 3339 dates and times (`format`), by hand --------------------------------------
+
+bool take_digits(std::string_view s, std::size_t& at, std::size_t n, int& value) {
+  if (s.size() - at < n) {
+    return false;
+  }
+  value = 0;
+  for (std::size_t end = at + n; at < end; ++at) {
+    if (s[at] < '0' || s[at] > '9') {
+      return false;
+    }
+    value = value * 10 + (s[at] - '0');
+  }
+  return true;
+}
+
+bool take_char(std::string_view s, std::size_t& at, std::string_view one_of) {
+  if (at < s.size() && one_of.find(s[at]) != std::string_view::npos) {
+    ++at;
+    return true;
+  }
+  return false;
+}
+
+// full-date = date-fullyear "-" date-month "-" date-mday
+bool take_date(std::string_view s, std::size_t& at) {
+  int year = 0;
+  int month = 0;
+  int day = 0;
+  if (!take_digits(s, at, 4, year) || !take_char(s, at, "-") || !take_digits(s, at, 2, month) ||
+      !take_char(s, at, "-") || !take_digits(s, at, 2, day) || month < 1 || month > 12) {
+    return false;
+  }
+  static constexpr int days[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+  const int last = days[month - 1] + (month == 2 && leap ? 1 : 0);
+  return day >= 1 && day <= last;
+}
+
+// full-time = partial-time time-offset; a leap second (:60) is allowed, as RFC 3339 does.
+bool take_time(std::string_view s, std::size_t& at) {
+  int hour = 0;
+  int minute = 0;
+  int second = 0;
+  if (!take_digits(s, at, 2, hour) || !take_char(s, at, ":") || !take_digits(s, at, 2, minute) ||
+      !take_char(s, at, ":") || !take_digits(s, at, 2, second) || hour > 23 || minute > 59 ||
+      second > 60) {
+    return false;
+  }
+  if (take_char(s, at, ".")) {
+    const std::size_t first = at;
+    while (at < s.size() && s[at] >= '0' && s[at] <= '9') {
+      ++at;
+    }
+    if (at == first) {
+      return false;
+    }
+  }
+  if (take_char(s, at, "Zz")) {
+    return true;
+  }
+  int offset_hour = 0;
+  int offset_minute = 0;
+  return take_char(s, at, "+-") && take_digits(s, at, 2, offset_hour) && take_char(s, at, ":") &&
+         take_digits(s, at, 2, offset_minute) && offset_hour <= 23 && offset_minute <= 59;
+}
+
+bool valid_format(std::string_view format, std::string_view s) {
+  std::size_t at = 0;
+  if (format == "date") {
+    return take_date(s, at) && at == s.size();
+  }
+  if (format == "time") {
+    return take_time(s, at) && at == s.size();
+  }
+  return take_date(s, at) && take_char(s, at, "Tt") && take_time(s, at) && at == s.size();
+}
+
+class format_constraint final : public own_constraint<format_constraint> {
+ public:
+  explicit format_constraint(std::string format) : format_(std::move(format)) {}
+
+  // Formats other than these three are not checked, as draft 7 allows.
+  static bool checked(std::string_view format) {
+    return format == "date" || format == "time" || format == "date-time";
+  }
+
+  bool validate(const Adapter& target, const std::vector<std::string>& context,
+                ValidationResults* results) const override {
+    if (!checked(format_) || !target.isString()) {
+      return true;
+    }
+    if (valid_format(format_, target.getString())) {
+      return true;
+    }
+    return fail_with(results, context, "String should be a valid " + format_ + ".");
+  }
+
+ private:
+  std::string format_;
+};
+
+// ---- uniqueItems: sort the items' canonical forms ---------------------------------------
+
+// Equal JSON values (draft 7: 1 equals 1.0, members in any order) have equal forms.
+void canonical_form(const Adapter& v, std::string& out) {
+  if (v.isNull()) {
+    out += 'n';
+  } else if (v.isBool()) {
+    out += v.getBool() ? 't' : 'f';
+  } else if (v.isInteger()) {
+    out += 'i';
+    out += std::to_string(v.getInteger());
+  } else if (v.isNumber()) {
+    char buffer[32];
+    auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, v.getNumber());
+    out += 'd';
+    out.append(buffer, ec == std::errc() ? end : buffer);
+  } else if (v.isString()) {
+    const std::string s = v.getString();
+    out += 's';
+    out += std::to_string(s.size());
+    out += ':';
+    out += s;
+  } else if (v.isArray()) {
+    out += '[';
+    v.applyToArray([&](const Adapter& item) {
+      canonical_form(item, out);
+      out += ',';
+      return true;
+    });
+    out += ']';
+  } else if (v.isObject()) {
+    std::vector<std::pair<std::string, std::string>> members;
+    v.applyToObject([&](const std::string& name, const Adapter& value) {
+      members.emplace_back(name, std::string());
+      canonical_form(value, members.back().second);
+      return true;
+    });
+    std::sort(members.begin(), members.end());
+    out += '{';
+    for (const auto& [name, value] : members) {
+      out += std::to_string(name.size());
+      out += ':';
+      out += name;
+      out += value;
+      out += ',';
+    }
+    out += '}';
+  }
+}
+
+class unique_items_constraint final : public own_constraint<unique_items_constraint> {
+ public:
+  bool validate(const Adapter& target, const std::vector<std::string>& context,
+                ValidationResults* results) const override {
+    if (!target.isArray()) {
+      return true;
+    }
+    std::vector<std::pair<std::string, std::size_t>> forms;  // (form, index)
+    target.applyToArray([&](const Adapter& item) {
+      forms.emplace_back(std::string(), forms.size());
+      canonical_form(item, forms.back().first);
+      return true;
+    });
+    std::sort(forms.begin(), forms.end());
+    // The first duplicate in document order: the lowest second index of an equal pair.
+    std::optional<std::pair<std::size_t, std::size_t>> first;
+    for (std::size_t i = 1; i < forms.size(); ++i) {
+      if (forms[i].first == forms[i - 1].first && (!first || forms[i].second < first->second)) {
+        first = std::pair(forms[i - 1].second, forms[i].second);
       }
     }
-    return std::nullopt;
+    if (!first) {
+      return true;
+    }
+    return fail_with(results, context,
+                     "Elements at indexes #" + std::to_string(first->first) + " and #" +
+                         std::to_string(first->second) + " violate uniqueness constraint.");
   }
-  dom::object object;
-  if (node.get_object().get(object)) {
-    return std::nullopt;
+};
+
+template <class Make>
+class builder final : public valijson::ConstraintBuilder {
+ public:
+  explicit builder(Make make) : make_(std::move(make)) {}
+  valijson::constraints::Constraint* make(const Adapter& value) const override {
+    return make_(value);
   }
-  for (auto [keyword, value] : object) {
-    const std::string here = at + pointer_token(keyword);
-    std::optional<std::string> bad;
-    if (keyword == "enum" || keyword == "const" || keyword == "default" || keyword == "examples") {
-      continue;
-    } else if (keyword == "pattern") {
-      std::string_view pattern;
-      if (!value.get_string().get(pattern)) {
-        bad = check_regex(pattern, here);
+
+ private:
+  Make make_;
+};
+
+template <class Make>
+const valijson::ConstraintBuilder* new_builder(Make make) {
+  return new builder<Make>(std::move(make));
+}
+
+void add_own_keywords(valijson::SchemaParser& parser) {
+  parser.addConstraintBuilder(std::string(pattern_keyword), new_builder([](const Adapter& v) {
+                                return new pattern_constraint(v.getString());
+                              }));
+  parser.addConstraintBuilder(std::string(format_keyword), new_builder([](const Adapter& v) {
+                                return new format_constraint(v.getString());
+                              }));
+  parser.addConstraintBuilder(std::string(unique_keyword), new_builder([](const Adapter&) {
+                                return new unique_items_constraint();
+                              }));
+}
+
+// ---- Rewriting a schema for valijson -------------------------------------------------
+// Walks schema positions only, so that `enum` or `const` values that happen to hold a
+// "pattern" member are copied unchanged; a keyword valijson does not know is walked as a
+// schema, since a `$ref` may point into it.
+
+struct rewriter {
+  std::string out;
+  std::optional<std::string> refused;
+
+  void copy(dom::element node) { out += simdjson::minify(node); }
+
+  void key(std::string_view name) {
+    out += json_quote(name);
+    out += ':';
+  }
+
+  void refuse(std::string why) {
+    if (!refused) {
+      refused = std::move(why);
+    }
+  }
+
+  void check_regex(std::string_view pattern, const std::string& at) {
+    try {
+      compile_search(pattern);
+    } catch (const std::regex_error& e) {
+      refuse("the regular expression " + json_quote(pattern) + " at " + at +
+             " does not compile: " + e.what());
+    }
+  }
+
+  void schema_map(dom::element node, const std::string& at) {
+    dom::object map;
+    if (node.get_object().get(map)) {
+      copy(node);
+      return;
+    }
+    out += '{';
+    bool first = true;
+    for (auto [name, value] : map) {
+      if (!std::exchange(first, false)) {
+        out += ',';
       }
-    } else if (keyword == "patternProperties") {
-      dom::object map;
-      if (!value.get_object().get(map)) {
-        for (auto [pattern, schema] : map) {
-          if (!bad) {
-            bad = check_regex(pattern, here);
-          }
+      key(name);
+      schema(value, at + pointer_token(name));
+    }
+    out += '}';
+  }
+
+  // One member of a schema object; false when it is left out.
+  bool keyword(std::string_view name, dom::element value, const std::string& at) {
+    const std::string here = at + pointer_token(name);
+    std::string_view text;
+    bool flag = false;
+    if (name == "enum" || name == "const" || name == "default" || name == "examples") {
+      key(name);
+      copy(value);
+    } else if (name == "pattern" && !value.get_string().get(text)) {
+      check_regex(text, here);
+      key(pattern_keyword);
+      copy(value);
+    } else if (name == "format" && !value.get_string().get(text)) {
+      key(format_keyword);
+      copy(value);
+    } else if (name == "uniqueItems" && !value.get_bool().get(flag)) {
+      if (!flag) {
+        return false;
+      }
+      key(unique_keyword);
+      copy(value);
+    } else if (name == "patternProperties") {
+      refuse("patternProperties at " + here +
+             " is not supported: its regular expressions would be matched by a recursive "
+             "engine; use propertyNames with a pattern, or properties");
+      return false;
+    } else if (name == "properties" || name == "definitions" || name == "dependencies") {
+      key(name);
+      schema_map(value, here);
+    } else {  // items, allOf, not, if, ..., and keywords valijson reads as plain values
+      key(name);
+      schema(value, here);
+    }
+    return true;
+  }
+
+  void schema(dom::element node, const std::string& at) {
+    if (dom::array array; !node.get_array().get(array)) {  // items, allOf, anyOf, oneOf
+      out += '[';
+      std::size_t index = 0;
+      for (dom::element item : array) {
+        if (index) {
+          out += ',';
         }
+        schema(item, at + "/" + std::to_string(index++));
       }
-      if (!bad) {
-        bad = check_schema_map(value, here);
+      out += ']';
+      return;
+    }
+    dom::object object;
+    if (node.get_object().get(object)) {
+      copy(node);
+      return;
+    }
+    out += '{';
+    bool first = true;
+    for (auto [name, value] : object) {
+      const std::size_t mark = out.size();
+      if (!first) {
+        out += ',';
       }
-    } else if (keyword == "properties" || keyword == "definitions" || keyword == "dependencies") {
-      bad = check_schema_map(value, here);
-    } else {
-      bad = check_schema_patterns(value, here);
+      if (keyword(name, value, at)) {
+        first = false;
+      } else {
+        out.resize(mark);
+      }
     }
-    if (bad) {
-      return bad;
-    }
+    out += '}';
   }
-  return std::nullopt;
-}
+};
 
 // ---- Turning valijson's results into one error --------------------------------------
 
@@ -164,17 +458,30 @@ std::optional<std::string_view> between(std::string_view text, std::string_view 
 
 struct located_error {
   std::string path;
-  std::size_t depth = 0;
   std::string reason;
 };
 
+constexpr std::string_view missing_prefix = "Missing required property '";
+constexpr std::string_view member_prefix =
+    "Failed to validate against schema associated with property name '";
+constexpr std::string_view extra_prefix =
+    "Object contains a property that could not be validated using 'properties' or "
+    "'additionalProperties' constraints: '";
+
+// How deep in the document an error points, without walking it.
+std::size_t depth_of(const ValidationResults::Error& e) {
+  const std::string_view d = e.description;
+  const bool names_member = between(d, missing_prefix, "'.") || between(d, member_prefix, "'.") ||
+                            between(d, extra_prefix, "'.");
+  return e.context.size() - 1 + (names_member ? 1 : 0);
+}
+
 // valijson names a place by a list of "[name]" or "[index]" steps after "<root>", which
 // cannot tell a member called "2" from an item; walking the document can.
-located_error locate(const valijson::ValidationResults::Error& e, dom::element root) {
+located_error locate(const ValidationResults::Error& e, dom::element root) {
   located_error out;
   std::optional<dom::element> node = root;
   auto step = [&](std::string_view token) {
-    ++out.depth;
     dom::array array;
     dom::object object;
     dom::element child;
@@ -201,20 +508,14 @@ located_error locate(const valijson::ValidationResults::Error& e, dom::element r
   }
 
   std::string_view description = e.description;
-  if (auto name = between(description, "Missing required property '", "'.")) {
+  if (auto name = between(description, missing_prefix, "'.")) {
     out.reason = "required member " + json_quote(*name) + " is missing";
     node = std::nullopt;
     step(*name);
-  } else if (auto member = between(description,
-                                   "Failed to validate against schema associated with "
-                                   "property name '",
-                                   "'.")) {
+  } else if (auto member = between(description, member_prefix, "'.")) {
     step(*member);
     out.reason = "the value or one of its member names does not match its schema";
-  } else if (auto extra = between(description,
-                                  "Object contains a property that could not be validated "
-                                  "using 'properties' or 'additionalProperties' constraints: '",
-                                  "'.")) {
+  } else if (auto extra = between(description, extra_prefix, "'.")) {
     step(*extra);
     out.reason = "member " + json_quote(*extra) + " is not allowed";
   } else {
@@ -233,20 +534,31 @@ located_error locate(const valijson::ValidationResults::Error& e, dom::element r
   return out;
 }
 
-error describe(const valijson::ValidationResults& results, dom::element root) {
-  std::optional<located_error> best;
+// Of the errors found, the deepest wins; on a tie, the first reported.
+error describe(const ValidationResults& results, bool search_stopped, dom::element root) {
+  const ValidationResults::Error* best = nullptr;
+  std::size_t best_depth = 0;
   for (const auto& e : results) {
-    located_error here = locate(e, root);
-    if (!best || here.depth > best->depth) {  // deepest wins; on a tie, the first reported
-      best = std::move(here);
+    const std::size_t depth = depth_of(e);
+    if (!best || depth > best_depth) {
+      best = &e;
+      best_depth = depth;
     }
   }
-  if (!best) {  // valijson failed without saying why (e.g. a `false` schema at the root)
-    best = located_error{"", 0, "the document does not match the schema"};
+  located_error found;
+  if (best) {
+    found = locate(*best, root);
+  } else if (search_stopped) {
+    found.reason =
+        "the document does not match the schema (the search for the failing value "
+        "stopped after " +
+        std::to_string(detail::error_search::max_visits) + " values)";
+  } else {  // valijson may fail without saying why (a `false` schema at the root)
+    found.reason = "the document does not match the schema";
   }
   std::string message =
-      "at " + (best->path.empty() ? std::string("the root") : best->path) + ": " + best->reason;
-  return error(errc::invalid_envelope, std::move(message), std::move(best->path));
+      "at " + (found.path.empty() ? std::string("the root") : found.path) + ": " + found.reason;
+  return error(errc::invalid_envelope, std::move(message), std::move(found.path));
 }
 
 }  // namespace
@@ -257,12 +569,19 @@ result<json_schema> json_schema::parse(std::string_view schema_json) {
   if (auto code = parser.parse(schema_json.data(), schema_json.size()).get(root)) {
     return detail::not_json_error(code);
   }
-  if (auto bad = check_schema_patterns(root, "")) {
-    return unexpected(errc::bad_request, "invalid JSON Schema: " + *bad);
+  rewriter rewritten;
+  rewritten.schema(root, "");
+  if (rewritten.refused) {
+    return unexpected(errc::bad_request, "invalid JSON Schema: " + *rewritten.refused);
+  }
+  if (auto code = parser.parse(rewritten.out).get(root)) {
+    return unexpected(errc::internal, std::string("a rewritten JSON Schema does not parse: ") +
+                                          simdjson::error_message(code));
   }
   auto p = std::make_shared<impl>();
   try {
     valijson::SchemaParser schema_parser(valijson::SchemaParser::kDraft7);
+    add_own_keywords(schema_parser);
     schema_parser.populateSchema(detail::simdjson_adapter(root), p->schema);
   } catch (const std::exception& e) {
     return unexpected(errc::bad_request, std::string("invalid JSON Schema: ") + e.what());
@@ -307,24 +626,25 @@ result<void> detail::schema_access::validate(const json_schema& schema, dom::ele
   if (!schema.impl_) {
     return unexpected(errc::internal, "validation with a moved-from json_schema");
   }
-  const json_schema::impl& s = *schema.impl_;
-  valijson::ValidationResults results;
-  auto validator = s.borrow();
-  bool valid = false;
-  std::optional<std::string> failure;
+  const valijson::Schema& s = schema.impl_->schema;
+  // The first pass stops at the first failure; only a document that fails is walked again,
+  // collecting errors until the search's budget (detail::error_search) runs out.
+  ValidationResults results;
+  bool search_stopped = false;
   try {
-    valid = validator->validate(s.schema, simdjson_adapter(root), &results);
+    valijson::Validator validator(valijson::Validator::kStrongTypes);
+    if (validator.validate(s, simdjson_adapter(root), nullptr)) {
+      return {};
+    }
+    error_search search(results);
+    valijson::Validator again(valijson::Validator::kStrongTypes);
+    again.validate(s, simdjson_adapter(root), &results);
+  } catch (const error_search::exhausted&) {
+    search_stopped = true;  // what was found so far is reported
   } catch (const std::exception& e) {
-    failure = e.what();
+    return unexpected(errc::internal, std::string("schema validation failed: ") + e.what());
   }
-  s.give_back(std::move(validator));
-  if (failure) {
-    return unexpected(errc::internal, "schema validation failed: " + *failure);
-  }
-  if (valid) {
-    return {};
-  }
-  return describe(results, root);
+  return describe(results, search_stopped, root);
 }
 
 }  // namespace amp

@@ -17,13 +17,18 @@ struct schema_access;
 
 /// A parsed JSON Schema, draft 7.
 ///
-/// Supported: what valijson supports of draft 7 (no remote `$ref`). valijson checks
-/// `format` for `date`, `time` and `date-time` with unbounded patterns: avoid `format` in
-/// schemas that face untrusted input (amp's own schemas do). `pattern` and `patternProperties` use
-/// `std::regex` (ECMAScript grammar); libstdc++ matches recursively, so an unbounded repetition
-/// (`.*`, `[a-z]+`) applied to a string of some tens of thousands of characters can exhaust the
-/// stack: prefer bounded repetitions (`{0,64}`) together with `maxLength` in schemas that face
-/// untrusted input.
+/// Supported: what valijson supports of draft 7 (no remote `$ref`), with three keywords
+/// checked by amp instead, so that validation costs time and stack bounded by the document
+/// whatever the schema: `pattern` (ECMAScript grammar, searched with libstdc++'s
+/// non-recursive automaton: linear in the string, no back-references), `format` (`date`,
+/// `time` and `date-time` as RFC 3339 grammar, by hand; other formats are not checked) and
+/// `uniqueItems` (by sorting the items, not comparing every pair). `patternProperties` is
+/// refused: valijson would match it with a recursive, backtracking engine. Patterns see
+/// bytes, not characters: a UTF-8 character is several.
+///
+/// A document that fails is examined a second time, only to find the error to report; that
+/// search stops at 8 errors or 65,536 visited values, so a large document with many errors
+/// costs no more than a bounded walk.
 ///
 /// Threads: a schema is immutable once parsed; `validate` may be called on one schema
 /// from any number of threads at once. Copies are cheap and share the parsed schema.
@@ -32,8 +37,9 @@ class json_schema {
  public:
   /// Parses a schema document.
   /// Errors: `bad_request` when `schema_json` is not JSON ("not valid JSON: …"), or when it
-  /// is not a schema valijson accepts, or holds a `pattern` that is not a valid regular
-  /// expression ("invalid JSON Schema: …" with the reason).
+  /// is not a schema valijson accepts, holds a `pattern` that is not a valid regular
+  /// expression (or uses a back-reference), or uses `patternProperties` ("invalid JSON
+  /// Schema: …" with the reason and the JSON Pointer of the keyword).
   static result<json_schema> parse(std::string_view schema_json);
 
   /// One of the schemas compiled into the library from `schemas/` (e.g. `"envelope"`),
@@ -46,7 +52,9 @@ class json_schema {
   /// does not match, with `error().path()` the JSON Pointer of the most specific failing
   /// value (e.g. `/items/2/name`; `""` for the document itself; for a missing required
   /// member, the pointer the member would have) and a message of the form
-  /// `"at /items/2/name: <reason>"` (`"at the root: <reason>"` for `""`).
+  /// `"at /items/2/name: <reason>"` (`"at the root: <reason>"` for `""`). Of the errors the
+  /// bounded search found, the deepest is reported; when it found none (errors under
+  /// `anyOf`/`oneOf` are only known once every branch was tried), the root, saying so.
   result<void> validate(std::string_view document_json) const;
 
  private:

@@ -29,6 +29,7 @@
 #include <valijson/internal/adapter.hpp>
 #include <valijson/internal/basic_adapter.hpp>
 #include <valijson/internal/frozen_value.hpp>
+#include <valijson/validation_results.hpp>
 
 #include "amp/error.hpp"
 #include "amp/result.hpp"
@@ -134,6 +135,44 @@ std::size_t count_children(const Container& c) {
   }
   return n;
 }
+
+/// Bounds the second validation pass of a document that failed the first, a pass that
+/// only looks for an error to report: while one is active on a thread, visiting a child
+/// value throws `exhausted` once `max_errors` errors are known or `max_visits` children
+/// were visited, so a large invalid document costs no more than a bounded search.
+class error_search {
+ public:
+  struct exhausted {};
+  static constexpr std::size_t max_errors = 8;
+  static constexpr std::size_t max_visits = 65536;
+
+  explicit error_search(const valijson::ValidationResults& results)
+      : results_(results), previous_(active_) {
+    active_ = this;
+  }
+  ~error_search() { active_ = previous_; }
+  error_search(const error_search&) = delete;
+  error_search& operator=(const error_search&) = delete;
+
+  /// Called for each child value that valijson visits; cheap when no search is active.
+  static void visit() {
+    if (active_ != nullptr) {
+      active_->count();
+    }
+  }
+
+ private:
+  void count() {
+    if (results_.numErrors() >= max_errors || ++visits_ > max_visits) {
+      throw exhausted{};
+    }
+  }
+
+  static inline thread_local error_search* active_ = nullptr;
+  const valijson::ValidationResults& results_;
+  error_search* previous_;
+  std::size_t visits_ = 0;
+};
 
 class simdjson_adapter;
 using simdjson_member = std::pair<std::string, simdjson_adapter>;
@@ -389,6 +428,7 @@ class simdjson_adapter
 };
 
 inline simdjson_adapter simdjson_array_iterator::operator*() const {
+  error_search::visit();
   return simdjson_adapter(*it_);
 }
 inline valijson::adapters::DerefProxy<simdjson_adapter> simdjson_array_iterator::operator->()
@@ -396,6 +436,7 @@ inline valijson::adapters::DerefProxy<simdjson_adapter> simdjson_array_iterator:
   return valijson::adapters::DerefProxy<simdjson_adapter>(**this);
 }
 inline simdjson_member simdjson_member_iterator::operator*() const {
+  error_search::visit();
   return simdjson_member(std::string(it_.key()), simdjson_adapter(it_.value()));
 }
 inline valijson::adapters::DerefProxy<simdjson_member> simdjson_member_iterator::operator->()

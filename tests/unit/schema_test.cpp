@@ -1,5 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <pthread.h>
+
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -187,8 +190,12 @@ TEST_CASE("a schema that is not JSON, or that valijson refuses, is bad_request",
   REQUIRE_THAT(refused(R"({"properties":{"a":{"pattern":"(unclosed"}}})"),
                Catch::StartsWith(R"(invalid JSON Schema: the regular expression "(unclosed" )"
                                  "at /properties/a/pattern does not compile: "));
-  REQUIRE_THAT(refused(R"({"patternProperties":{"[a-":{}}})"),
-               Catch::Contains("\"[a-\" at /patternProperties"));
+  REQUIRE_THAT(refused(R"({"properties":{"a":{"pattern":"(a)\\1"}}})"),
+               Catch::StartsWith(R"(invalid JSON Schema: the regular expression "(a)\\1" )"
+                                 "at /properties/a/pattern does not compile: "));
+  REQUIRE_THAT(refused(R"({"properties":{"m":{"patternProperties":{"^a":{}}}}})"),
+               Catch::StartsWith("invalid JSON Schema: patternProperties at "
+                                 "/properties/m/patternProperties is not supported"));
 
   // "pattern" as a member name, or inside enum and const values, is not a regex.
   REQUIRE(amp::json_schema::parse(R"({"properties":{"pattern":{"type":"string"}},
@@ -244,4 +251,167 @@ TEST_CASE("one schema validates from 4 threads at once with the same results", "
     th.join();
   }
   REQUIRE(mismatches == std::vector<int>(4, 0));
+}
+
+namespace {
+
+// Runs `body` on a thread with a 512 KiB stack, much less than the 8 MiB of a main thread:
+// a matcher that recursed once per character would overflow it on the strings below.
+void on_small_stack(std::function<void()> body) {
+  pthread_attr_t attr;
+  REQUIRE(pthread_attr_init(&attr) == 0);
+  REQUIRE(pthread_attr_setstacksize(&attr, 512 * 1024) == 0);
+  pthread_t thread;
+  auto run = [](void* p) -> void* {
+    (*static_cast<std::function<void()>*>(p))();
+    return nullptr;
+  };
+  REQUIRE(pthread_create(&thread, &attr, run, &body) == 0);
+  pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attr);
+}
+
+std::string quoted(const std::string& s) {
+  return "\"" + s + "\"";
+}
+
+}  // namespace
+
+TEST_CASE("a pattern is searched for, with its anchors, on strings of a million characters",
+          "[schema]") {
+  const auto word = amp::json_schema::parse(R"({"pattern":"^[a-z]+$"})").value();
+  const auto inner = amp::json_schema::parse(R"({"pattern":"b{2}|zz"})").value();
+  const auto nested = amp::json_schema::parse(R"({"pattern":"^(a+)+$"})").value();
+  const std::string million(1000000, 'a');
+  bool long_match = false;
+  bool long_mismatch = false;
+  bool middle = false;
+  bool catastrophic = true;
+  on_small_stack([&] {
+    long_match = word.validate(quoted(million)).has_value();
+    long_mismatch = word.validate(quoted(million + "1")).has_value();
+    middle =
+        inner.validate(quoted(std::string(500000, 'x') + "bb" + std::string(9, 'y'))).has_value();
+    // Exponential for a backtracking matcher; linear for the automaton.
+    catastrophic = nested.validate(quoted(std::string(5000, 'a') + "b")).has_value();
+  });
+  REQUIRE(long_match);
+  REQUIRE_FALSE(long_mismatch);
+  REQUIRE(middle);
+  REQUIRE_FALSE(catastrophic);
+
+  // Search semantics: unanchored patterns match anywhere, anchors hold only at the ends.
+  REQUIRE(inner.validate(R"("azzb")").has_value());
+  REQUIRE_FALSE(inner.validate(R"("abzb")").has_value());
+  REQUIRE_FALSE(word.validate(R"("ab1")").has_value());
+  REQUIRE_FALSE(word.validate(R"("1ab")").has_value());
+  REQUIRE(word.validate("42").has_value());  // not a string: pattern does not apply
+  const auto e = failure(word, R"("A")");
+  REQUIRE(e.path().empty());
+  REQUIRE_THAT(e.message(), Catch::Contains("failed to match regex"));
+
+  // propertyNames applies a pattern to member names.
+  const auto names = amp::json_schema::parse(R"({"propertyNames":{"pattern":"^[a-z]+$"}})").value();
+  REQUIRE(names.validate(R"({"ab":1,"cd":2})").has_value());
+  REQUIRE_FALSE(names.validate(R"({"ab":1,"C":2})").has_value());
+}
+
+TEST_CASE("format checks RFC 3339 dates and times by hand, other formats are not checked",
+          "[schema]") {
+  const auto date_time = amp::json_schema::parse(R"({"format":"date-time"})").value();
+  const auto date = amp::json_schema::parse(R"({"format":"date"})").value();
+  const auto time = amp::json_schema::parse(R"({"format":"time"})").value();
+  for (const char* ok : {R"("2026-12-02T05:24:51Z")", R"("2026-12-02t05:24:51.123456789z")",
+                         R"("2028-02-29T23:59:60+14:00")", R"("1999-12-31T00:00:00-05:30")"}) {
+    CAPTURE(ok);
+    REQUIRE(date_time.validate(ok).has_value());
+  }
+  for (const char* bad :
+       {R"("2026-12-02 05:24:51Z")", R"("2026-12-02T05:24:51")", R"("2027-02-29T00:00:00Z")",
+        R"("2026-13-01T00:00:00Z")", R"("2026-12-02T24:00:00Z")", R"("2026-12-02T05:24:51.Z")",
+        R"("26-12-02T05:24:51Z")", R"("2026-12-02T05:24:51|05:00")", R"("")"}) {
+    CAPTURE(bad);
+    const auto e = failure(date_time, bad);
+    REQUIRE_THAT(e.message(), Catch::Contains("string should be a valid date-time"));
+  }
+  REQUIRE(date.validate(R"("2000-02-29")").has_value());
+  REQUIRE_FALSE(date.validate(R"("1900-02-29")").has_value());
+  REQUIRE_FALSE(date.validate(R"("2000-02-29T00:00:00Z")").has_value());
+  REQUIRE(time.validate(R"("05:24:51+01:00")").has_value());
+  REQUIRE_FALSE(time.validate(R"("05:24+01:00")").has_value());
+  // Not a string, or a format amp does not check: nothing to check.
+  REQUIRE(date_time.validate("20261202").has_value());
+  REQUIRE(amp::json_schema::parse(R"({"format":"email"})").value().validate("7").has_value());
+  REQUIRE(amp::json_schema::parse(R"({"type":["string","integer"],"format":"email"})")
+              .value()
+              .validate("7")
+              .has_value());
+
+  bool long_fraction = true;
+  on_small_stack([&] {
+    long_fraction =
+        date_time.validate(quoted("2026-12-02T05:24:51." + std::string(1000000, '1') + "Z"))
+            .has_value();
+  });
+  REQUIRE(long_fraction);
+}
+
+TEST_CASE("uniqueItems compares values as JSON does and names the first equal pair", "[schema]") {
+  const auto unique = amp::json_schema::parse(R"({"uniqueItems":true})").value();
+  REQUIRE(unique.validate(R"([1,"1",[1],{"a":1},null,true,false,1.5])").has_value());
+  const struct {
+    const char* doc;
+    const char* pair;
+  } equal[] = {
+      {R"([1,2,1.0])", "#0 and #2"},
+      {R"([{"a":1,"b":[2]},{"b":[2.0],"a":1}])", "#0 and #1"},
+      {R"(["x","y","y","x"])", "#1 and #2"},
+      {R"([null,[],{},[],null])", "#1 and #3"},
+  };
+  for (const auto& c : equal) {
+    CAPTURE(c.doc);
+    const auto e = failure(unique, c.doc);
+    REQUIRE(e.path().empty());
+    REQUIRE_THAT(e.message(), Catch::Contains(std::string("indexes ") + c.pair) &&
+                                  Catch::Contains("uniqueness"));
+  }
+  // 40,000 distinct items: a comparison of every pair would be 8e8 comparisons.
+  std::string many = "[";
+  for (int i = 0; i < 40000; ++i) {
+    many += (i ? "," : "") + std::to_string(i);
+  }
+  REQUIRE(unique.validate(many + "]").has_value());
+  REQUIRE_THAT(failure(unique, many + ",39999]").message(), Catch::Contains("#39999 and #40000"));
+  REQUIRE(
+      amp::json_schema::parse(R"({"uniqueItems":false})").value().validate("[1,1]").has_value());
+}
+
+TEST_CASE("a document with a great many errors is answered with the first ones", "[schema]") {
+  const auto strings = amp::json_schema::parse(
+                           R"({"properties":{"jobs":{"type":"array","items":{"type":"string"}}}})")
+                           .value();
+  std::string ints = R"({"jobs":[)";
+  for (int i = 0; i < 200000; ++i) {
+    ints += i ? ",1" : "1";
+  }
+  ints += "]}";
+  const auto e = failure(strings, ints);
+  REQUIRE(e.path() == "/jobs/0");
+  REQUIRE_THAT(e.message(), Catch::Contains("(it is a number)"));
+
+  // Errors gathered under anyOf are only reported when the branches are exhausted, so the
+  // bounded search may end with none located: the root is named, and why.
+  const auto either =
+      amp::json_schema::parse(
+          R"({"anyOf":[{"type":"array","items":{"type":"string"}},{"type":"string"}]})")
+          .value();
+  std::string array = "[";
+  for (int i = 0; i < 100000; ++i) {
+    array += i ? ",1" : "1";
+  }
+  const auto deep = failure(either, array + "]");
+  REQUIRE(deep.path().empty());
+  REQUIRE_THAT(deep.message(), Catch::Contains("the search for the failing value stopped after"));
+  const auto small = failure(either, "[1]");
+  REQUIRE(small.path() == "/0");
 }
