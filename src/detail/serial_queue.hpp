@@ -6,14 +6,23 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
+
+#include "detail/guarded.hpp"
 
 namespace amp::detail {
 
 // Runs callbacks one at a time in the order they were pushed, on whichever thread drains
 // it, never under the pusher's locks. Pushing happens under the owner's lock (which fixes
 // the order); draining happens after the owner has unlocked.
+//
+// A callback that throws is reported to the queue's sink and counts as run: the next one
+// runs, and stop() never waits for a drain that an exception abandoned.
 class serial_queue {
  public:
+  serial_queue() = default;
+  explicit serial_queue(handler_error_sink sink) : sink_(std::move(sink)) {}
+
   void push(std::function<void()> fn) {
     std::lock_guard lock(mu_);
     if (!stopped_) q_.push_back(std::move(fn));
@@ -29,7 +38,7 @@ class serial_queue {
       auto fn = std::move(q_.front());
       q_.pop_front();
       lock.unlock();
-      fn();
+      call_guarded(sink_, "a subscription or watch", fn);
       lock.lock();
     }
     draining_ = false;
@@ -54,6 +63,7 @@ class serial_queue {
   }
 
  private:
+  handler_error_sink sink_;
   mutable std::mutex mu_;
   std::condition_variable idle_;
   std::deque<std::function<void()>> q_;

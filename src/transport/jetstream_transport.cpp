@@ -329,8 +329,9 @@ struct pending_request {
 
 class connection : public std::enable_shared_from_this<connection> {
  public:
-  connection(std::shared_ptr<amp::clock> clock, duration op_timeout)
-      : clock_(std::move(clock)), op_timeout_(op_timeout) {}
+  connection(std::shared_ptr<amp::clock> clock, duration op_timeout,
+             std::shared_ptr<const detail::handler_error_sink> sink)
+      : clock_(std::move(clock)), op_timeout_(op_timeout), sink_(std::move(sink)) {}
 
   // Requests still outstanding are answered `unavailable` ("transport closed").
   ~connection() {
@@ -376,7 +377,8 @@ class connection : public std::enable_shared_from_this<connection> {
     for (const auto& u : urls) url_ptrs.push_back(u.c_str());
     if (natsOptions_SetServers(opts, url_ptrs.data(), static_cast<int>(url_ptrs.size())) !=
         NATS_OK) {
-      return unexpected(errc::bad_request, fmt::format("bad nats url \"{}\"", o.url));
+      return unexpected(errc::bad_request,
+                        fmt::format("bad nats url \"{}\"", redact_nats_url(o.url)));
     }
     natsOptions_SetName(opts, o.name.c_str());
     natsOptions_SetSendAsap(opts, true);
@@ -396,8 +398,9 @@ class connection : public std::enable_shared_from_this<connection> {
     }
     auto s = natsConnection_Connect(&nc_, opts);
     if (s != NATS_OK) {
-      return unexpected(errc::unavailable,
-                        fmt::format("cannot connect to {}: {}", o.url, natsStatus_GetText(s)));
+      return unexpected(
+          errc::unavailable,
+          fmt::format("cannot connect to {}: {}", redact_nats_url(o.url), natsStatus_GetText(s)));
     }
     jsOptions jo;
     jsOptions_Init(&jo);
@@ -427,6 +430,7 @@ class connection : public std::enable_shared_from_this<connection> {
   jsCtx* js() const { return js_; }
   const std::shared_ptr<amp::clock>& clock() const { return clock_; }
   duration op_timeout() const { return op_timeout_; }
+  const std::shared_ptr<const detail::handler_error_sink>& sink() const { return sink_; }
   time_point deadline() const { return clock_->now() + op_timeout_; }
 
   // Sends one message expecting responses on a fresh reply subject. Returns an error when
@@ -602,7 +606,13 @@ class connection : public std::enable_shared_from_this<connection> {
     // A reference held while the message is dispatched: the caller its answer wakes may
     // drop every other one at once, and dispatch still touches the connection after the
     // answer. When this one is the last, the deleter closes the connection off this thread.
-    if (auto self = static_cast<reply_anchor*>(closure)->conn.lock()) self->dispatch(m);
+    if (auto self = static_cast<reply_anchor*>(closure)->conn.lock()) {
+      try {
+        self->dispatch(m);
+      } catch (...) {  // handlers are guarded: this is the transport's own failure
+        detail::report_current_exception(*self->sink_, "the NATS reply subscription");
+      }
+    }
     natsMsg_Destroy(m);
   }
 
@@ -696,6 +706,7 @@ class connection : public std::enable_shared_from_this<connection> {
 
   std::shared_ptr<amp::clock> clock_;
   duration op_timeout_;
+  std::shared_ptr<const detail::handler_error_sink> sink_;
   natsConnection* nc_ = nullptr;
   jsCtx* js_ = nullptr;
   natsSubscription* mux_sub_ = nullptr;
@@ -872,6 +883,7 @@ class js_subscription final : public subscription {
 
 // What the cnats callback of an ordered consumer needs; owned by the callback closure.
 struct push_state {
+  detail::handler_error_sink sink;
   std::shared_ptr<serial_queue> queue;
   std::function<void(natsMsg*)> handle;  // runs on the cnats thread, pushes to the queue
 };
@@ -879,9 +891,13 @@ struct push_state {
 void on_push(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
   in_callback_scope scope;
   auto* st = static_cast<push_state*>(closure);
-  if (!st->queue->stopped()) {
-    st->handle(m);
-    st->queue->drain();
+  try {
+    if (!st->queue->stopped()) {
+      st->handle(m);
+      st->queue->drain();
+    }
+  } catch (...) {  // handlers are guarded by the queue: this is the transport's own failure
+    detail::report_current_exception(st->sink, "an ordered consumer");
   }
   natsMsg_Destroy(m);
 }
@@ -895,7 +911,8 @@ void free_push_state(void* closure) {
 class jetstream_backend final : public transport,
                                 public std::enable_shared_from_this<jetstream_backend> {
  public:
-  explicit jetstream_backend(std::shared_ptr<connection> conn) : conn_(std::move(conn)) {}
+  explicit jetstream_backend(std::shared_ptr<connection> conn)
+      : conn_(std::move(conn)), sink_(conn_->sink()) {}
 
   result<void> detect_capabilities() {
     // Per-key TTL (nats-server 2.11) needs streams that accept `allow_msg_ttl`: older
@@ -1020,6 +1037,7 @@ class jetstream_backend final : public transport,
   }
 
   void async_publish(outgoing_message msg, completion<publish_ack> done) override {
+    done = detail::guarded(std::move(done), sink_, "publish");
     if (auto r = subjects::check_subject(msg.subject); !r) return done(r.error());
     if (!msg.msg_id.empty()) msg.headers.emplace_back("Nats-Msg-Id", msg.msg_id);
     std::string subject = msg.subject;
@@ -1087,6 +1105,7 @@ class jetstream_backend final : public transport,
 
   void async_fetch(std::string_view stream, std::string_view durable, fetch_request request,
                    completion<std::vector<message>> done) override {
+    done = detail::guarded(std::move(done), sink_, "fetch");
     if (auto r = subjects::check_stream_name(stream); !r) return done(r.error());
     if (auto r = subjects::check_consumer_name(durable); !r) return done(r.error());
     if (request.batch == 0) return done(error(errc::bad_request, "fetch batch must be at least 1"));
@@ -1103,6 +1122,7 @@ class jetstream_backend final : public transport,
 
   void async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
                          completion<void> done) override {
+    done = detail::guarded(std::move(done), sink_, "acknowledge");
     if (msg.ack_token.substr(0, k_ack_prefix.size()) != k_ack_prefix ||
         subjects::check_subject(msg.ack_token).has_value() == false) {
       return done(error(errc::bad_request, "not an ack token of this transport"));
@@ -1136,8 +1156,8 @@ class jetstream_backend final : public transport,
     if (!info) return info.error();
     std::string filter = request.filter_subject;
     if (filter.empty() && info->config.subjects.size() == 1) filter = info->config.subjects[0];
-    auto queue = std::make_shared<serial_queue>();
-    auto* st = new push_state{queue, {}};
+    auto queue = std::make_shared<serial_queue>(*sink_);
+    auto* st = new push_state{*sink_, queue, {}};
     std::optional<time_point> not_before;
     if (request.start == deliver_policy::by_start_time) not_before = request.start_time;
     // nats-server starts a replay from a sequence beyond the end at the end: skip up to it.
@@ -1296,6 +1316,7 @@ class jetstream_backend final : public transport,
 
   void async_kv_get(std::string_view bucket, std::string_view key,
                     completion<kv_entry> done) override {
+    done = detail::guarded(std::move(done), sink_, "kv_get");
     if (auto r = subjects::check_bucket_name(bucket); !r) return done(r.error());
     if (auto r = subjects::check_kv_key(key); !r) return done(r.error());
     last_entry(
@@ -1310,6 +1331,7 @@ class jetstream_backend final : public transport,
 
   void async_kv_create(std::string_view bucket, std::string_view key, std::string value,
                        std::optional<duration> ttl, completion<std::uint64_t> done) override {
+    done = detail::guarded(std::move(done), sink_, "kv_create");
     if (auto r = check_kv(bucket, key, ttl); !r) return done(r.error());
     // Create is an update on "no revision"; where the key's last revision is a delete or
     // purge marker, it is an update on that marker.
@@ -1341,6 +1363,7 @@ class jetstream_backend final : public transport,
   void async_kv_update(std::string_view bucket, std::string_view key, std::string value,
                        std::uint64_t expected_revision, std::optional<duration> ttl,
                        completion<std::uint64_t> done) override {
+    done = detail::guarded(std::move(done), sink_, "kv_update");
     if (auto r = check_kv(bucket, key, ttl); !r) return done(r.error());
     if (expected_revision == 0) {
       return done(error(errc::bad_request, "update needs an expected revision of at least 1"));
@@ -1351,12 +1374,14 @@ class jetstream_backend final : public transport,
 
   void async_kv_put(std::string_view bucket, std::string_view key, std::string value,
                     std::optional<duration> ttl, completion<std::uint64_t> done) override {
+    done = detail::guarded(std::move(done), sink_, "kv_put");
     if (auto r = check_kv(bucket, key, ttl); !r) return done(r.error());
     kv_write(std::string(bucket), std::string(key), std::move(value), {}, ttl, std::move(done));
   }
 
   void async_kv_delete(std::string_view bucket, std::string_view key,
                        completion<void> done) override {
+    done = detail::guarded(std::move(done), sink_, "kv_delete");
     kv_marker(bucket, key, {{std::string(k_kv_op), "DEL"}}, std::move(done));
   }
 
@@ -1366,6 +1391,7 @@ class jetstream_backend final : public transport,
   // subjects, so a watch would lose other keys' changes.
   void async_kv_purge(std::string_view bucket, std::string_view key,
                       completion<void> done) override {
+    done = detail::guarded(std::move(done), sink_, "kv_purge");
     if (auto r = check_kv(bucket, key, std::nullopt); !r) return done(r.error());
     auto self = shared_from_this();
     std::string b(bucket);
@@ -1449,7 +1475,7 @@ class jetstream_backend final : public transport,
       return info.error();
     }
     std::string prefix = fmt::format("$KV.{}.", bucket);
-    auto queue = std::make_shared<serial_queue>();
+    auto queue = std::make_shared<serial_queue>(*sink_);
     struct watch_progress {
       std::atomic<bool> caught_up{false};
     };
@@ -1462,7 +1488,7 @@ class jetstream_backend final : public transport,
     };
     bool updates_only = options.updates_only;
     bool include_history = options.include_history;
-    auto* st = new push_state{queue, {}};
+    auto* st = new push_state{*sink_, queue, {}};
     st->handle = [queue, progress, mark_caught_up, on_entry, prefix, b = std::string(bucket),
                   updates_only, include_history](natsMsg* m) {
       kv_entry e;
@@ -2273,6 +2299,7 @@ class jetstream_backend final : public transport,
   }
 
   std::shared_ptr<connection> conn_;
+  std::shared_ptr<const detail::handler_error_sink> sink_;
   bool per_key_ttl_ = false;
   std::mutex buckets_mu_;
   std::map<std::string, bucket_traits> buckets_;  // buckets seen to exist
@@ -2284,18 +2311,40 @@ class jetstream_backend final : public transport,
 
 }  // namespace
 
+std::string redact_nats_url(std::string_view url) {
+  std::string out;
+  bool first = true;
+  for (auto u : split(url, ',')) {
+    if (!std::exchange(first, false)) out += ',';
+    const auto scheme = u.find("://");
+    const auto start = scheme == std::string_view::npos ? 0 : scheme + 3;
+    const auto end = u.find_first_of("/?#", start);
+    const auto at = u.substr(0, end).rfind('@');
+    if (at == std::string_view::npos || at < start) {
+      out += u;
+      continue;
+    }
+    const auto colon = u.substr(start, at - start).find(':');
+    out += u.substr(0, colon == std::string_view::npos ? start : start + colon + 1);
+    out += "***";
+    out += u.substr(at);
+  }
+  return out;
+}
+
 result<std::shared_ptr<transport>> jetstream_transport::connect(jetstream_options options) {
   auto clock = options.clock ? options.clock : system_clock_source::shared();
   // The last reference may go away in a handler on a cnats thread, where closing the
   // connection would wait for that very thread: it is closed from another one then.
-  auto conn =
-      std::shared_ptr<connection>(new connection(clock, options.op_timeout), [](connection* c) {
-        if (callback_depth > 0) {
-          std::thread([c] { delete c; }).detach();
-        } else {
-          delete c;
-        }
-      });
+  auto sink = std::make_shared<const detail::handler_error_sink>(options.on_handler_error);
+  auto conn = std::shared_ptr<connection>(new connection(clock, options.op_timeout, sink),
+                                          [](connection* c) {
+                                            if (callback_depth > 0) {
+                                              std::thread([c] { delete c; }).detach();
+                                            } else {
+                                              delete c;
+                                            }
+                                          });
   if (auto r = conn->open(options); !r) return r.error();
   auto backend = std::make_shared<jetstream_backend>(conn);
   if (auto r = backend->ping(); !r) return r.error();

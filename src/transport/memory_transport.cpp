@@ -24,14 +24,15 @@ using detail::serial_queue;
 std::atomic<std::uint64_t> next_instance_id{0};
 
 // Handlers collected under the lock and run after it is released. Declare before the
-// lock guard so that the guard is destroyed (unlocked) first.
+// lock guard so that the guard is destroyed (unlocked) first. A handler that throws is
+// reported to the sink and the others still run.
 class deferred {
  public:
-  deferred() = default;
+  explicit deferred(const detail::handler_error_sink& sink) : sink_(sink) {}
   deferred(const deferred&) = delete;
   deferred& operator=(const deferred&) = delete;
   ~deferred() {
-    for (auto& fn : calls_) fn();
+    for (auto& fn : calls_) detail::call_guarded(sink_, "the memory transport", fn);
   }
   void add(std::function<void()> fn) { calls_.push_back(std::move(fn)); }
   template <class T>
@@ -43,6 +44,7 @@ class deferred {
   }
 
  private:
+  const detail::handler_error_sink& sink_;
   std::vector<std::function<void()>> calls_;
 };
 
@@ -185,8 +187,8 @@ class queue_subscription final : public subscription {
 
 class memory_backend final : public transport, public std::enable_shared_from_this<memory_backend> {
  public:
-  explicit memory_backend(std::shared_ptr<amp::clock> clock)
-      : clock_(std::move(clock)), instance_(++next_instance_id) {}
+  memory_backend(std::shared_ptr<amp::clock> clock, detail::handler_error_sink sink)
+      : sink_(std::move(sink)), clock_(std::move(clock)), instance_(++next_instance_id) {}
 
   ~memory_backend() override {
     std::lock_guard lock(mu_);
@@ -245,7 +247,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   result<void> delete_stream(std::string_view stream) override {
     if (auto r = subjects::check_stream_name(stream); !r) return r.error();
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto it = streams_.find(std::string(stream));
     if (it == streams_.end()) return missing("stream", stream);
@@ -286,7 +288,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   }
 
   void async_publish(outgoing_message msg, completion<publish_ack> done) override {
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), publish_locked(std::move(msg), after));
   }
@@ -319,7 +321,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   result<consumer_info> update_consumer(const consumer_config& config) override {
     if (auto r = detail::validate(config); !r) return r.error();
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* s = find_stream(config.stream);
     if (!s) return missing("stream", config.stream);
@@ -358,7 +360,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   result<void> delete_consumer(std::string_view stream, std::string_view durable) override {
     if (auto r = subjects::check_stream_name(stream); !r) return r.error();
     if (auto r = subjects::check_consumer_name(durable); !r) return r.error();
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* s = find_stream(stream);
     if (!s) return missing("stream", stream);
@@ -376,7 +378,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   void async_fetch(std::string_view stream, std::string_view durable, fetch_request request,
                    completion<std::vector<message>> done) override {
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto fail = [&](error e) { after.complete<std::vector<message>>(std::move(done), e); };
     if (auto r = subjects::check_stream_name(stream); !r) return fail(r.error());
@@ -407,7 +409,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   void async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
                          completion<void> done) override {
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), acknowledge_locked(msg, kind, nak_delay, after));
   }
@@ -421,9 +423,9 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (!on_message) return unexpected(errc::bad_request, "subscribe_ordered needs a callback");
     auto sub = std::make_shared<ordered_sub>();
     sub->filter = detail::filter_or_all(request.filter_subject);
-    sub->queue = std::make_shared<serial_queue>();
+    sub->queue = std::make_shared<serial_queue>(sink_);
     sub->on_message = std::move(on_message);
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* s = find_stream(request.stream);
     if (!s) return missing("stream", request.stream);
@@ -475,14 +477,14 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   void async_kv_get(std::string_view bucket, std::string_view key,
                     completion<kv_entry> done) override {
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), kv_get_locked(bucket, key, after));
   }
 
   void async_kv_create(std::string_view bucket, std::string_view key, std::string value,
                        std::optional<duration> ttl, completion<std::uint64_t> done) override {
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), kv_write(bucket, key, kv_op::put, std::move(value), ttl,
                                              write_rule::create, 0, after));
@@ -491,7 +493,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   void async_kv_update(std::string_view bucket, std::string_view key, std::string value,
                        std::uint64_t expected_revision, std::optional<duration> ttl,
                        completion<std::uint64_t> done) override {
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), kv_write(bucket, key, kv_op::put, std::move(value), ttl,
                                              write_rule::update, expected_revision, after));
@@ -499,7 +501,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   void async_kv_put(std::string_view bucket, std::string_view key, std::string value,
                     std::optional<duration> ttl, completion<std::uint64_t> done) override {
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), kv_write(bucket, key, kv_op::put, std::move(value), ttl,
                                              write_rule::any, 0, after));
@@ -507,7 +509,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   void async_kv_delete(std::string_view bucket, std::string_view key,
                        completion<void> done) override {
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto r = kv_write(bucket, key, kv_op::del, {}, std::nullopt, write_rule::any, 0, after);
     after.complete<void>(std::move(done), r ? result<void>() : result<void>(r.error()));
@@ -515,7 +517,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   void async_kv_purge(std::string_view bucket, std::string_view key,
                       completion<void> done) override {
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto r = kv_write(bucket, key, kv_op::purge, {}, std::nullopt, write_rule::any, 0, after);
     after.complete<void>(std::move(done), r ? result<void>() : result<void>(r.error()));
@@ -523,7 +525,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   result<std::vector<std::string>> kv_keys(std::string_view bucket) override {
     if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
@@ -538,7 +540,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   result<std::vector<kv_entry>> kv_history(std::string_view bucket, std::string_view key) override {
     if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
     if (auto r = subjects::check_kv_key(key); !r) return r.error();
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
@@ -559,9 +561,9 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (!handlers.on_entry) return unexpected(errc::bad_request, "kv_watch needs on_entry");
     auto w = std::make_shared<kv_watcher>();
     w->filter = filter;
-    w->queue = std::make_shared<serial_queue>();
+    w->queue = std::make_shared<serial_queue>(sink_);
     w->on_entry = std::move(handlers.on_entry);
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
@@ -964,7 +966,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   }
 
   void on_wake(const std::string& stream, const std::string& durable, std::uint64_t uid) {
-    deferred after;
+    deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* s = find_stream(stream);
     if (!s) return;
@@ -1150,7 +1152,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     *id = clock_->call_at(at, [weak, bucket = b.config.bucket, key, id] {
       auto self = weak.lock();
       if (!self) return;
-      deferred after;
+      deferred after(self->sink_);
       std::lock_guard lock(self->mu_);
       self->ttl_timers_.erase(*id);
       auto* in = self->find_bucket(bucket);
@@ -1172,6 +1174,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     ttl_timers_.insert(*id);
   }
 
+  const detail::handler_error_sink sink_;  // before everything that may hold a reference to it
   std::shared_ptr<amp::clock> clock_;
   const std::uint64_t instance_;
   std::mutex mu_;
@@ -1185,7 +1188,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
 std::shared_ptr<transport> memory_transport::create(memory_transport_options options) {
   auto clock = options.clock ? std::move(options.clock) : system_clock_source::shared();
-  return std::make_shared<memory_backend>(std::move(clock));
+  return std::make_shared<memory_backend>(std::move(clock), std::move(options.on_handler_error));
 }
 
 }  // namespace amp

@@ -15,8 +15,9 @@ namespace {
 class jetstream_fixture final : public fixture {
  public:
   jetstream_fixture() : server_(testing::nats_server::start()) {
-    auto t =
-        jetstream_transport::connect({.url = server_.url(), .op_timeout = std::chrono::seconds(5)});
+    auto t = jetstream_transport::connect({.url = server_.url(),
+                                           .op_timeout = std::chrono::seconds(5),
+                                           .on_handler_error = error_sink()});
     if (!t) throw std::runtime_error("connect: " + t.error().to_string());
     transport_ = *t;
   }

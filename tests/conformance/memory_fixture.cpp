@@ -10,7 +10,7 @@ class memory_fixture final : public fixture {
  public:
   memory_fixture()
       : clock_(std::make_shared<manual_clock>()),
-        transport_(memory_transport::create({.clock = clock_})) {}
+        transport_(memory_transport::create({.clock = clock_, .on_handler_error = error_sink()})) {}
 
   amp::transport& transport() override { return *transport_; }
   std::shared_ptr<amp::transport> shared_transport() override { return transport_; }

@@ -81,7 +81,17 @@ struct jetstream_options {
   duration reconnect_wait = std::chrono::milliseconds(250);
   /// The clock for timeouts and timestamps; the system clock when null.
   std::shared_ptr<amp::clock> clock{};
+  /// Receives one line ("a handler of … threw: …") for each exception that a completion
+  /// handler, subscription handler or watch callback throws; see `transport`. Standard
+  /// error when empty. Called on the thread that ran the handler (often a cnats thread);
+  /// must not throw.
+  std::function<void(std::string_view)> on_handler_error{};
 };
+
+/// `url` (one NATS URL or several separated by commas) with each server's password or
+/// token replaced by `***`, for logs and messages: `nats://amp:***@host:4222`,
+/// `nats://***@host`. Thread-safe.
+std::string redact_nats_url(std::string_view url);
 
 /// Factory of JetStream transports.
 class jetstream_transport {
@@ -90,6 +100,7 @@ class jetstream_transport {
 
   /// Connects and checks that JetStream answers. `unavailable` when the server cannot be
   /// reached or has no JetStream; `bad_request` for a malformed URL or credentials file.
+  /// Messages name the URL without its passwords (`redact_nats_url`).
   static result<std::shared_ptr<transport>> connect(jetstream_options options);
 };
 

@@ -16,7 +16,11 @@ namespace amp {
 
 struct memory_transport_options {
   /// The clock to stamp and expire by; the system clock when null.
-  std::shared_ptr<amp::clock> clock;
+  std::shared_ptr<amp::clock> clock{};
+  /// Receives one line ("a handler of … threw: …") for each exception that a completion
+  /// handler, subscription handler or watch callback throws; see `transport`. Standard
+  /// error when empty. Called on the thread that ran the handler; must not throw.
+  std::function<void(std::string_view)> on_handler_error{};
 };
 
 /// Factory of in-memory transports. Thread-safe; see `transport` for the threading of

@@ -14,7 +14,10 @@
 ///   complete through a handler. The handler may run before the call returns (the
 ///   memory transport completes most operations at once), on the thread that made a
 ///   waiting fetch satisfiable (a publisher, or the clock's timer thread), or on a
-///   backend thread (cnats); it must not block for long. Each has a blocking wrapper of
+///   backend thread (cnats); it must not block for long. A handler should not throw: if
+///   one does (also a subscription handler or a watch callback), the transport catches
+///   the exception where it called the handler, reports it through its options'
+///   `on_handler_error`, and goes on as if the handler had returned. Each has a blocking wrapper of
 ///   the same name without `async_`, which must not be called from a handler.
 /// - administrative operations (`ensure_*`, `*_info`, `delete_*`, `kv_keys`, `kv_history`,
 ///   subscriptions and watches) block and return a `result`.

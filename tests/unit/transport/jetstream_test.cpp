@@ -1,0 +1,26 @@
+#include <catch2/catch.hpp>
+
+#include "amp/transport/jetstream.hpp"
+
+TEST_CASE("a NATS URL is logged without its passwords or tokens", "[jetstream]") {
+  using amp::redact_nats_url;
+  CHECK(redact_nats_url("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222");
+  CHECK(redact_nats_url("nats://amp:s3cret@nats.example:4222") ==
+        "nats://amp:***@nats.example:4222");
+  CHECK(redact_nats_url("nats://s3cret-token@nats.example") == "nats://***@nats.example");
+  CHECK(redact_nats_url("tls://a:b@x:1, nats://y:2,nats://t@z/path@x") ==
+        "tls://a:***@x:1, nats://y:2,nats://***@z/path@x");
+  CHECK(redact_nats_url("user:pw@host:4222") == "user:***@host:4222");
+  CHECK(redact_nats_url("nats://p:w:x@h") == "nats://p:***@h");
+  CHECK(redact_nats_url("") == "");
+}
+
+TEST_CASE("connect errors name the URL without its password", "[jetstream]") {
+  // Port 1 on loopback: nothing listens, the connection is refused at once.
+  auto r = amp::jetstream_transport::connect(
+      {.url = "nats://amp:s3cret@127.0.0.1:1", .connect_timeout = std::chrono::milliseconds(200)});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == amp::errc::unavailable);
+  CHECK(r.error().message().find("s3cret") == std::string::npos);
+  CHECK(r.error().message().find("nats://amp:***@127.0.0.1:1") != std::string::npos);
+}
