@@ -503,9 +503,10 @@ result<command> read_token(const command_spec& spec, const split_line& line, con
     claims.ns = t.ns;
     claims.exp = now + std::chrono::hours(1);
     claims.amp_json = *grants;
-    auto probe = mint_token(claims, jwt_alg::hs256, "probe");
+    const std::string probe_secret(min_secret_bytes, 'p');
+    auto probe = mint_token(claims, jwt_alg::hs256, probe_secret);
     auth_config config;
-    config.secret = "probe";
+    config.secret = probe_secret;
     auto checker = authenticator::make(config);
     if (!probe || !checker) return usage(spec, "--grants: cannot be checked");
     if (auto verified = checker->verify(*probe, now); !verified) {

@@ -51,7 +51,7 @@ server with a message naming the key):
   nats.replicas                1                  1..5
   nats.storage                 "file"             "file" or "memory"
   auth.alg                     "HS256"            "HS256" or "EdDSA"
-  auth.secret                  null               HS256 shared secret
+  auth.secret                  null               HS256 shared secret, >= 32 bytes
   auth.secret_file             null               HS256: a file holding the secret
   auth.public_key_file         null               EdDSA: Ed25519 public key (PEM)
   auth.audience                null               the "aud" every token must carry
@@ -73,8 +73,8 @@ server with a message naming the key):
   policy.<p>.budget.per_day    null               null (unlimited) or an integer >= 0
                                                   (<p>: "default" or "participants.NAME")
   schemas.<type>               none               JSON Schema file for that message type
-An HS256 configuration needs auth.secret or auth.secret_file, or the server refuses
-to start.
+An HS256 configuration needs auth.secret or auth.secret_file, of at least 32 bytes
+(RFC 7518), or the server refuses to start.
 
 HTTP on the same port: GET /healthz (200 while serving), GET /readyz (200 while the
 backend answers, else 503), GET /metrics (Prometheus text format).

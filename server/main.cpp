@@ -4,6 +4,7 @@
 
 #include <malloc.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -50,6 +51,30 @@ std::uint64_t raise_fd_limit() {
   return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(limit.rlim_cur);
 }
 
+// Files that hold secrets should be readable by the server's user only: say so at start.
+void warn_about_readable_secrets(const amp::server::run_options& options,
+                                 amp::server::logger& log) {
+  const auto& c = options.config;
+  std::vector<std::pair<const char*, std::string>> files;
+  if (c.tls.key) files.emplace_back("tls.key", *c.tls.key);
+  if (c.auth.secret_file) files.emplace_back("auth.secret_file", *c.auth.secret_file);
+  if (c.nats && c.nats->creds) files.emplace_back("nats.creds", *c.nats->creds);
+  if (options.config_file && c.auth.secret) files.emplace_back("config", *options.config_file);
+  for (const auto& [key, path] : files) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || (st.st_mode & (S_IRWXG | S_IRWXO)) == 0) continue;
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    log.write(amp::server::log_event("warn", "file_permissions")
+                  .field("key", key)
+                  .field("path", path)
+                  .field("mode", mode)
+                  .field("message",
+                         "holds a secret and is accessible to group or others: "
+                         "chmod 600 it"));
+  }
+}
+
 int run(const std::vector<std::string>& args) {
   namespace srv = amp::server;
   auto parsed = srv::parse_command_line(args);
@@ -82,15 +107,20 @@ int run(const std::vector<std::string>& args) {
     if (options.config_file) start.field("config", *options.config_file);
     log.write(std::move(start));
   }
+  warn_about_readable_secrets(options, log);
 
   const auto& config = options.config;
+  auto handler_error = [](std::string_view line) {
+    log.write(srv::log_event("error", "handler_exception").field("message", line));
+  };
   std::shared_ptr<amp::transport> backend;
   std::string transport_name;
   if (config.nats) {
     auto connected =
         amp::jetstream_transport::connect({.url = config.nats->url,
                                            .creds_file = config.nats->creds.value_or(""),
-                                           .name = "amp-server"});
+                                           .name = "amp-server",
+                                           .on_handler_error = handler_error});
     if (!connected) {
       const bool bad = connected.error().code() == amp::errc::bad_request;
       return fail("nats: " + connected.error().message(),
@@ -100,9 +130,9 @@ int run(const std::vector<std::string>& args) {
     transport_name = "nats";
     log.write(srv::log_event("info", "backend_connected")
                   .field("transport", "nats")
-                  .field("url", config.nats->url));
+                  .field("url", amp::redact_nats_url(config.nats->url)));
   } else {
-    backend = amp::memory_transport::create();
+    backend = amp::memory_transport::create({.on_handler_error = handler_error});
     transport_name = "memory";
     log.write(srv::log_event("warn", "memory_transport")
                   .field("transport", "memory")

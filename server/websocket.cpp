@@ -536,11 +536,27 @@ class ws_server {
 using ssl_context = net::ssl::context;
 
 /// The TLS context of every connection, from tls.cert and tls.key; an error names the key.
+/// TLS 1.2 and 1.3 only; for 1.2, forward-secret AEAD suites only, the server's order; no
+/// renegotiation, no compression. The key must not be encrypted: the server never prompts.
 result<std::shared_ptr<ssl_context>> make_tls_context(const server_config::tls_section& tls) {
   auto ctx = std::make_shared<ssl_context>(ssl_context::tls_server);
   ctx->set_options(ssl_context::default_workarounds | ssl_context::no_sslv2 |
                    ssl_context::no_sslv3 | ssl_context::no_tlsv1 | ssl_context::no_tlsv1_1 |
-                   ssl_context::single_dh_use);
+                   ssl_context::single_dh_use | ssl_context::no_compression);
+  SSL_CTX_set_options(ctx->native_handle(),
+                      SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+  if (SSL_CTX_set_cipher_list(ctx->native_handle(),
+                              "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+                              "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
+                              "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305") != 1) {
+    return amp::unexpected(amp::errc::internal, "tls: OpenSSL refused the cipher list");
+  }
+  // OpenSSL would read a passphrase from the terminal; asking for one is an error here.
+  auto asked = std::make_shared<bool>(false);
+  ctx->set_password_callback([asked](std::size_t, ssl_context::password_purpose) {
+    *asked = true;
+    return std::string();
+  });
   net::error_code ec;
   ctx->use_certificate_chain_file(*tls.cert, ec);
   if (ec) {
@@ -548,6 +564,12 @@ result<std::shared_ptr<ssl_context>> make_tls_context(const server_config::tls_s
                            "tls.cert: cannot use " + *tls.cert + ": " + ec.message());
   }
   ctx->use_private_key_file(*tls.key, ssl_context::pem, ec);
+  if (ec && *asked) {
+    return amp::unexpected(amp::errc::bad_request,
+                           "tls.key: " + *tls.key +
+                               " is encrypted; amp-server does not ask for passphrases: give it "
+                               "the key unencrypted, readable by its user only");
+  }
   if (ec) {
     return amp::unexpected(amp::errc::bad_request,
                            "tls.key: cannot use " + *tls.key + ": " + ec.message());

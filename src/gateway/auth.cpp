@@ -535,6 +535,13 @@ result<authenticator> authenticator::make(auth_config config) {
   switch (config.alg) {
     case jwt_alg::hs256:
       if (config.secret.empty()) return bad_config("auth: HS256 needs a secret");
+      if (config.secret.size() < min_secret_bytes) {
+        const auto size = config.secret.size();
+        OPENSSL_cleanse(config.secret.data(), config.secret.size());
+        return bad_config(fmt::format(
+            "auth: the HS256 secret has {} byte{}; at least {} are needed (RFC 7518 §3.2)", size,
+            size == 1 ? "" : "s", min_secret_bytes));
+      }
       if (config.secret.size() > static_cast<std::size_t>(INT_MAX)) {
         return bad_config("auth: the HS256 secret is too large");
       }

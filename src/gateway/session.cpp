@@ -44,6 +44,8 @@ constexpr std::size_t k_max_inbound_frames = 8192;
 constexpr std::size_t k_min_inbound_bytes = 64u << 20;
 // The most frames of one session that run at once (on different lanes).
 constexpr int k_max_running = 64;
+// The most bytes of a registry entry's `meta` (minified), which every watcher receives.
+constexpr std::size_t k_max_meta_bytes = 4096;
 
 // `frames/names` cut down to what applies to `op`: its `definitions` and the `then` of every
 // `allOf` branch whose `if` names `op` (the other branches' `if` fails for such a frame, so
@@ -1057,6 +1059,12 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     auto slots = static_cast<int>(int_at(rq.frame, "slots").value_or(1));
     auto meta = raw_at(rq.frame, "meta");
     if (meta.empty()) meta = "{}";
+    if (meta.size() > k_max_meta_bytes) {
+      return fail(rq, error(errc::payload_too_large,
+                            fmt::format("meta is {} bytes; at most {} are allowed", meta.size(),
+                                        k_max_meta_bytes),
+                            "/meta"));
+    }
     auto entry = gw->timed([&] {
       return st->b->registry().register_participant(me.participant, jobs, slots, meta,
                                                     load_of(me, *st));

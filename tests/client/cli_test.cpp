@@ -332,10 +332,12 @@ TEST_CASE("help: every command's help lists exactly the options its parser accep
 TEST_CASE("amp token mints a JWT the authenticator accepts", "[cli][token]") {
   const auto now = std::chrono::system_clock::now();
   SECTION("HS256 from --secret, with every grant") {
-    auto args = parse_as<cli::token_args>(
-        {"token", "--secret", "s3cret", "--sub", "alice", "--ns", "demo", "--all"}, {});
+    auto args =
+        parse_as<cli::token_args>({"token", "--secret", "s3cret-s3cret-s3cret-s3cret-s3cret",
+                                   "--sub", "alice", "--ns", "demo", "--all"},
+                                  {});
     auto token = must(cli::make_token(args, now));
-    auto who = verify(token, hs256("s3cret"));
+    auto who = verify(token, hs256("s3cret-s3cret-s3cret-s3cret-s3cret"));
     CHECK(who.participant.str() == "alice");
     CHECK(who.ns.str() == "demo");
     CHECK(who.grants.admin);
@@ -348,18 +350,19 @@ TEST_CASE("amp token mints a JWT the authenticator accepts", "[cli][token]") {
     CHECK(lifetime > 3590s);
     CHECK(lifetime <= 3600s);
     // Another secret does not verify it.
-    auto other = must(amp::authenticator::make(hs256("other")));
+    auto other = must(amp::authenticator::make(hs256("other-other-other-other-other-other")));
     CHECK(code_of(other.verify(token, now)) == errc::unauthenticated);
   }
   SECTION("HS256 from --secret-file without its final newline, grants and audience as given") {
     temp_dir dir;
-    const auto file = dir.write("secret", "line one\n");
+    const auto file = dir.write("secret", "line one of a secret of 32 bytes or more\n");
     auto args = parse_as<cli::token_args>(
         {"token", "--secret-file", file, "--sub", "bob", "--ns", "ops", "--ttl", "120", "--aud",
          "amp-prod", "--grants", R"({"send":["alice"],"subscribe":["news.>"]})"},
         {});
     auto token = must(cli::make_token(args, now));
-    auto config = hs256("line one");  // as amp-server reads auth.secret_file
+    auto config =
+        hs256("line one of a secret of 32 bytes or more");  // as amp-server reads auth.secret_file
     config.audience = "amp-prod";
     auto who = verify(token, config);
     CHECK(who.participant.str() == "bob");
@@ -416,11 +419,12 @@ TEST_CASE("the amp binary: help, usage errors (2) and token", "[cli][binary]") {
   CHECK(bad.out.empty());
   CHECK(bad.err == "amp: bad_request: send: --to is required\n");
 
-  auto token = run_amp({"token", "--secret", "s3cret", "--sub", "alice", "--ns", "demo", "--grants",
-                        R"({"submit":["resize"]})"});
+  auto token = run_amp({"token", "--secret", "s3cret-s3cret-s3cret-s3cret-s3cret", "--sub", "alice",
+                        "--ns", "demo", "--grants", R"({"submit":["resize"]})"});
   REQUIRE(token.status == 0);
   REQUIRE(token.out.ends_with("\n"));
-  auto who = verify(token.out.substr(0, token.out.size() - 1), hs256("s3cret"));
+  auto who = verify(token.out.substr(0, token.out.size() - 1),
+                    hs256("s3cret-s3cret-s3cret-s3cret-s3cret"));
   CHECK(who.participant.str() == "alice");
   CHECK(who.grants.may_submit(*amp::job_name::make("resize")));
 }

@@ -12,8 +12,11 @@
 #include <websocketpp/config/asio_client.hpp>
 #include <websocketpp/config/asio_no_tls_client.hpp>
 
+#include <sys/stat.h>
+
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -34,7 +37,7 @@ using amp::testing::temp_dir;
 using plain_client = amp::testing::ws_client<websocketpp::config::asio_client>;
 using tls_client = amp::testing::ws_client<websocketpp::config::asio_tls_client>;
 
-constexpr const char* k_secret = "server-test-secret";
+constexpr const char* k_secret = "server-test-secret-of-at-least-32-bytes";
 
 std::vector<std::string> with_secret(std::vector<std::string> args = {}) {
   args.insert(args.begin(), {"--secret", k_secret});
@@ -57,8 +60,9 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-/// A self-signed certificate for 127.0.0.1 and its P-256 key, as PEM files in `dir`.
-void write_self_signed(const temp_dir& dir) {
+/// A self-signed certificate for 127.0.0.1 and its P-256 key, as PEM files in `dir`; with
+/// `passphrase`, the key is encrypted with it.
+void write_self_signed(const temp_dir& dir, const char* passphrase = nullptr) {
   struct pkey_free {
     void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
   };
@@ -89,8 +93,11 @@ void write_self_signed(const temp_dir& dir) {
   REQUIRE(PEM_write_X509(cert_file.get(), cert.get()) == 1);
   std::unique_ptr<std::FILE, file_close> key_file(std::fopen(key_path.c_str(), "w"));
   REQUIRE(key_file);
-  REQUIRE(PEM_write_PrivateKey(key_file.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr) ==
-          1);
+  const EVP_CIPHER* cipher = passphrase ? EVP_aes_256_cbc() : nullptr;
+  auto* pass = reinterpret_cast<unsigned char*>(const_cast<char*>(passphrase));
+  const int pass_len = passphrase ? static_cast<int>(std::strlen(passphrase)) : 0;
+  REQUIRE(PEM_write_PrivateKey(key_file.get(), key.get(), cipher, pass, pass_len, nullptr,
+                               nullptr) == 1);
 }
 
 }  // namespace
@@ -199,6 +206,13 @@ TEST_CASE("a bad configuration stops the server with exit 2 and a message naming
     auto r = server_process::run({});
     CHECK(r.status == 2);
     CHECK(contains(r.err, "secret"));
+    CHECK_FALSE(contains(r.err, "\"event\":\"listening\""));
+  }
+  SECTION("an HS256 secret shorter than 32 bytes") {
+    auto r = server_process::run({"--secret", "short-secret"});
+    CHECK(r.status == 2);
+    CHECK(contains(r.err, "the HS256 secret has 12 bytes; at least 32 are needed"));
+    CHECK_FALSE(contains(r.err, "short-secret"));
     CHECK_FALSE(contains(r.err, "\"event\":\"listening\""));
   }
   SECTION("TLS files that cannot be used") {
@@ -367,8 +381,12 @@ TEST_CASE("wss when tls.cert and tls.key are set", "[server][tls]") {
   temp_dir dir;
   write_self_signed(dir);
   auto config = dir.write("tls.json", R"({"tls": {"cert": "cert.pem", "key": "key.pem"}})");
+  ::chmod((dir.path() / "key.pem").c_str(), 0640);
   auto server = server_process::start(with_secret({"--config", config.string()}));
   CHECK(contains(server.log(), "\"tls\":true"));
+  // The key is readable by the group: the server says so, and how to fix it.
+  CHECK(contains(server.log(), R"("event":"file_permissions","key":"tls.key")"));
+  CHECK(contains(server.log(), R"("mode":"0640")"));
   CHECK(contains(server.log(), "wss://"));
 
   tls_client c(server.url(true), {"amp.v1"}, [](tls_client::endpoint& e) {
@@ -387,6 +405,17 @@ TEST_CASE("wss when tls.cert and tls.key are set", "[server][tls]") {
   server.signal(SIGTERM);
   CHECK(c.wait_closed() == 1001);
   CHECK(server.wait_exit(10s) == 0);
+}
+
+TEST_CASE("an encrypted TLS key is refused at start, without asking for a passphrase",
+          "[server][tls]") {
+  temp_dir dir;
+  write_self_signed(dir, "a passphrase");
+  auto config = dir.write("tls.json", R"({"tls": {"cert": "cert.pem", "key": "key.pem"}})");
+  auto r = server_process::run(with_secret({"--config", config.string()}));
+  CHECK(r.status == 2);
+  CHECK(contains(r.err, "tls.key: "));
+  CHECK(contains(r.err, "is encrypted; amp-server does not ask for passphrases"));
 }
 
 TEST_CASE("/readyz answers 503 while the NATS server is down", "[server][nats]") {

@@ -41,9 +41,10 @@ std::optional<jwt_alg> jwt_alg_from_string(std::string_view name) noexcept;
 /// The longest token `authenticator::verify` looks at; a longer one is refused unread.
 inline constexpr std::size_t max_token_bytes = 8192;
 
-/// The shortest HS256 secret RFC 7518 §3.2 allows (the size of the hash output).
-/// `authenticator::make` refuses only an empty secret; a server should warn below this.
-inline constexpr std::size_t recommended_min_secret_bytes = 32;
+/// The shortest HS256 secret RFC 7518 §3.2 allows (the size of the hash output):
+/// `authenticator::make` refuses a shorter one. (`mint_token` does not: a client may have
+/// to sign for another verifier.)
+inline constexpr std::size_t min_secret_bytes = 32;
 
 /// How tokens are checked (the `auth` section of spec §11, with keys already read from
 /// their files).
@@ -103,7 +104,9 @@ struct identity {
 class authenticator {
  public:
   /// Checks the configuration and loads the key.
-  /// Errors: `bad_request` for HS256 without a secret, for EdDSA without a public key,
+  /// Errors: `bad_request` for HS256 without a secret or with one shorter than
+  /// `min_secret_bytes` ("auth: the HS256 secret has N bytes; at least 32 are needed
+  /// (RFC 7518 §3.2)"), for EdDSA without a public key,
   /// with a PEM that holds no public key, or with a key that is not Ed25519, and for a
   /// negative leeway. The message never quotes the secret or the key.
   static result<authenticator> make(auth_config config);

@@ -737,8 +737,14 @@ TEST_CASE("make refuses a configuration it cannot verify with", "[auth]") {
   CHECK(failure(ed) == "auth: public key is an X25519 key, not Ed25519");
   CHECK(ERR_peek_error() == 0);
 
-  // A short secret is allowed (RFC 7518 wants recommended_min_secret_bytes).
+  // RFC 7518 §3.2: at least as many bytes as the hash output.
   hs.leeway = 0s;
+  hs.secret = std::string(amp::min_secret_bytes - 1, 's');
+  CHECK(failure(hs) ==
+        "auth: the HS256 secret has 31 bytes; at least 32 are needed (RFC 7518 §3.2)");
+  hs.secret = "x";
+  CHECK(failure(hs) == "auth: the HS256 secret has 1 byte; at least 32 are needed (RFC 7518 §3.2)");
+  hs.secret = std::string(amp::min_secret_bytes, 's');
   CHECK(authenticator::make(hs).has_value());
 }
 

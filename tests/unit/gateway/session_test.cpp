@@ -713,3 +713,46 @@ TEST_CASE("frames of a session run concurrently across lanes, in order within on
   pool.drain();
   CHECK(ids_of(alice, "ok") == std::vector<std::string>{"5", "6", "7"});
 }
+
+TEST_CASE("members a participant controls are bounded: meta, jobs, headers, errors, delays",
+          "[session]") {
+  gateway_rig rig;
+  auto w = rig.connect("w1");
+  // meta: 4096 bytes minified at most, payload_too_large like a body.
+  const std::string fits = R"({"k":")" + std::string(4096 - 8, 'm') + "\"}";
+  CHECK(w.request(R"({"op":"register","id":1,"jobs":["j"],"meta":)" + fits + "}", "1").op() ==
+        "ok");
+  auto big = w.request(
+      R"({"op":"register","id":2,"jobs":["j"],"meta":{"k":")" + std::string(4096, 'm') + "\"}}",
+      "2");
+  CHECK(big.code() == "payload_too_large");
+  CHECK(big.str("/path") == "/meta");
+  auto who = w.request(R"({"op":"who","id":3,"job":"j"})", "3");
+  CHECK(who.raw("/participants/0/meta") == fits);  // the refused register changed nothing
+
+  std::string jobs = "[";
+  for (int i = 0; i < 257; ++i) jobs += (i ? ",\"j" : "\"j") + std::to_string(i) + "\"";
+  CHECK(w.request(R"({"op":"register","id":4,"jobs":)" + jobs + "]}", "4").code() == "bad_request");
+
+  auto header = w.request(R"({"op":"publish","id":5,"topic":"news.eu","headers":{"k":")" +
+                              std::string(4097, 'h') + R"("},"body":1})",
+                          "5");
+  CHECK(header.code() == "invalid_envelope");
+  CHECK(header.str("/path") == "/headers/k");
+
+  // Time values are at most one day, so that they never overflow a clock.
+  CHECK(w.request(R"({"op":"nack","id":6,"seq":1,"delay_ms":86400001})", "6").code() ==
+        "bad_request");
+  CHECK(w.request(R"({"op":"nack","id":7,"seq":1,"delay_ms":9007199254740991})", "7").code() ==
+        "bad_request");
+  CHECK(w.request(R"({"op":"fail","id":8,"task":"t_1","error":{"code":"x","message":"m"},)"
+                  R"("retry":true,"retry_delay_ms":86400001})",
+                  "8")
+            .code() == "bad_request");
+  auto long_message =
+      w.request(R"({"op":"fail","id":9,"task":"t_1","error":{"code":"x","message":")" +
+                    std::string(4097, 'e') + R"("}})",
+                "9");
+  CHECK(long_message.code() == "bad_request");
+  CHECK_THAT(long_message.str("/message"), Catch::Contains("/error/message"));
+}
