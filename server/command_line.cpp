@@ -67,9 +67,12 @@ server with a message naming the key):
   limits.max_body_bytes        262144             1..max_frame_bytes
   limits.max_sessions          10000              1..1000000
   limits.max_subscriptions     64                 per session, 1..10000
+  limits.max_pending           1024               connections before hello, 1..1000000
   policy.<p>.rate.per_s        1000               messages per second, > 0
   policy.<p>.rate.burst        2000               >= 1
   policy.<p>.rate.bytes_per_s  10485760           body bytes per second, > 0
+  policy.<p>.ops.per_s         10000              tokens per second for every other op, > 0
+  policy.<p>.ops.burst         20000              >= 10 (register, who, watch take 10)
   policy.<p>.budget.per_day    null               null (unlimited) or an integer >= 0
                                                   (<p>: "default" or "participants.NAME")
   schemas.<type>               none               JSON Schema file for that message type

@@ -80,10 +80,18 @@ bool fail_with(ValidationResults* results, const std::vector<std::string>& conte
   return false;
 }
 
+// amp's own schemas (json_schema::embedded) use only anchored patterns with bounded
+// repetitions, which the backtracking matcher runs in bounded depth and time two to four
+// times faster than the automaton (tests/unit/frame_schemas_test.cpp feeds them 100 KB
+// strings); every other schema gets the automaton.
+enum class matcher { automaton, backtracking };
+
 class pattern_constraint final : public own_constraint<pattern_constraint> {
  public:
-  explicit pattern_constraint(std::string_view pattern)
-      : regex_(std::make_shared<const std::regex>(compile_search(pattern))) {}
+  pattern_constraint(std::string_view pattern, matcher m)
+      : regex_(std::make_shared<const std::regex>(
+            m == matcher::automaton ? compile_search(pattern) : std::regex(std::string(pattern)))),
+        matcher_(m) {}
 
   bool validate(const Adapter& target, const std::vector<std::string>& context,
                 ValidationResults* results) const override {
@@ -91,7 +99,8 @@ class pattern_constraint final : public own_constraint<pattern_constraint> {
       return true;
     }
     const std::string s = target.getString();
-    if (std::regex_match(s, *regex_)) {
+    if (matcher_ == matcher::automaton ? std::regex_match(s, *regex_)
+                                       : std::regex_search(s, *regex_)) {
       return true;
     }
     return fail_with(results, context, "Failed to match regex specified by 'pattern' constraint.");
@@ -99,6 +108,7 @@ class pattern_constraint final : public own_constraint<pattern_constraint> {
 
  private:
   std::shared_ptr<const std::regex> regex_;  // const matching is safe from any thread
+  matcher matcher_;
 };
 
 // ---- RFC 3339 dates and times (`format`), by hand --------------------------------------
@@ -300,9 +310,9 @@ const valijson::ConstraintBuilder* new_builder(Make make) {
   return new builder<Make>(std::move(make));
 }
 
-void add_own_keywords(valijson::SchemaParser& parser) {
-  parser.addConstraintBuilder(std::string(pattern_keyword), new_builder([](const Adapter& v) {
-                                return new pattern_constraint(v.getString());
+void add_own_keywords(valijson::SchemaParser& parser, matcher m) {
+  parser.addConstraintBuilder(std::string(pattern_keyword), new_builder([m](const Adapter& v) {
+                                return new pattern_constraint(v.getString(), m);
                               }));
   parser.addConstraintBuilder(std::string(format_keyword), new_builder([](const Adapter& v) {
                                 return new format_constraint(v.getString());
@@ -564,6 +574,15 @@ error describe(const ValidationResults& results, bool search_stopped, dom::eleme
 }  // namespace
 
 result<json_schema> json_schema::parse(std::string_view schema_json) {
+  return detail::schema_access::parse(schema_json, false);
+}
+
+result<json_schema> detail::schema_access::parse_own(std::string_view schema_json) {
+  return parse(schema_json, true);
+}
+
+result<json_schema> detail::schema_access::parse(std::string_view schema_json, bool own) {
+  const matcher m = own ? matcher::backtracking : matcher::automaton;
   dom::parser parser;  // the schema document is not needed once valijson has read it
   dom::element root;
   if (auto code = parser.parse(schema_json.data(), schema_json.size()).get(root)) {
@@ -578,10 +597,10 @@ result<json_schema> json_schema::parse(std::string_view schema_json) {
     return unexpected(errc::internal, std::string("a rewritten JSON Schema does not parse: ") +
                                           simdjson::error_message(code));
   }
-  auto p = std::make_shared<impl>();
+  auto p = std::make_shared<json_schema::impl>();
   try {
     valijson::SchemaParser schema_parser(valijson::SchemaParser::kDraft7);
-    add_own_keywords(schema_parser);
+    add_own_keywords(schema_parser, m);
     schema_parser.populateSchema(detail::simdjson_adapter(root), p->schema);
   } catch (const std::exception& e) {
     return unexpected(errc::bad_request, std::string("invalid JSON Schema: ") + e.what());
@@ -600,7 +619,7 @@ result<json_schema> json_schema::embedded(std::string_view name) {
     if (schema.name != name) {
       continue;
     }
-    auto r = parse(schema.text);
+    auto r = detail::schema_access::parse_own(schema.text);
     if (!r) {
       return unexpected(errc::internal, "the embedded schema \"" + std::string(name) +
                                             "\" does not parse: " + r.error().message());

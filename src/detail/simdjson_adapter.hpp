@@ -453,6 +453,11 @@ inline bool simdjson_frozen_value::equalTo(const valijson::adapters::Adapter& ot
 struct schema_access {
   /// As `json_schema::validate`, on the root of a parsed document.
   static result<void> validate(const json_schema& schema, dom::element root);
+  /// As `json_schema::parse`, for a schema derived from amp's own (anchored, bounded
+  /// patterns): matched with the backtracking matcher, as `json_schema::embedded` does.
+  static result<json_schema> parse_own(std::string_view schema_json);
+  /// Both: `own` chooses the backtracking matcher.
+  static result<json_schema> parse(std::string_view schema_json, bool own);
 };
 
 }  // namespace amp::detail

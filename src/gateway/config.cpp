@@ -45,6 +45,7 @@ constexpr int_range k_max_frame_bytes{1024, 64 * 1024 * 1024};
 constexpr int_range k_max_body_bytes{1, 64 * 1024 * 1024};
 constexpr int_range k_max_sessions{1, 1000000};
 constexpr int_range k_max_subscriptions{1, 10000};
+constexpr int_range k_max_pending{1, 1000000};
 constexpr int_range k_per_day{0, k_unbounded};
 
 // A lower bound of a number: `min` itself allowed or not.
@@ -54,6 +55,7 @@ struct number_floor {
 };
 constexpr number_floor k_rate{0, false};  // per_s, bytes_per_s
 constexpr number_floor k_burst{1, true};  // a bucket under one message never lets one pass
+constexpr number_floor k_ops_burst{registry_op_cost, true};  // else register never passes
 
 constexpr std::size_t k_max_file_bytes = 16 * 1024 * 1024;
 constexpr std::size_t k_max_message_type = 128;
@@ -393,8 +395,16 @@ result<void> apply_jobs(dom::element e, const std::string& path, server_config& 
 result<void> apply_policy(dom::element e, const std::string& path, participant_policy_override& out,
                           nullable null_allowed) {
   return for_members(
-      e, path, {"rate", "budget"},
+      e, path, {"rate", "budget", "ops"},
       [&](std::string_view key, dom::element v, const std::string& p) -> result<void> {
+        if (key == "ops") {
+          return for_members(
+              v, p, {"per_s", "burst"},
+              [&](std::string_view k, dom::element x, const std::string& q) -> result<void> {
+                if (k == "per_s") return set_number(x, q, k_rate, out.ops_per_s);
+                return set_number(x, q, k_ops_burst, out.ops_burst);
+              });
+        }
         if (key == "rate") {
           return for_members(
               v, p, {"per_s", "burst", "bytes_per_s"},
@@ -524,10 +534,13 @@ result<void> apply_limits(dom::element e, const std::string& path,
     if (k == "max_frame_bytes") return set_int(x, q, k_max_frame_bytes, l.max_frame_bytes);
     if (k == "max_body_bytes") return set_int(x, q, k_max_body_bytes, l.max_body_bytes);
     if (k == "max_sessions") return set_int(x, q, k_max_sessions, l.max_sessions);
+    if (k == "max_pending") return set_int(x, q, k_max_pending, l.max_pending);
     return set_int(x, q, k_max_subscriptions, l.max_subscriptions);
   };
   return for_members(
-      e, path, {"max_frame_bytes", "max_body_bytes", "max_sessions", "max_subscriptions"}, set);
+      e, path,
+      {"max_frame_bytes", "max_body_bytes", "max_sessions", "max_subscriptions", "max_pending"},
+      set);
 }
 
 result<void> apply_schemas(dom::element e, const std::string& path, server_config& c) {
@@ -622,6 +635,12 @@ result<void> check_policy(const std::string& path, const participant_policy_over
   if (o.bytes_per_s) {
     if (auto r = check_number(path + ".rate.bytes_per_s", *o.bytes_per_s, k_rate); !r) return r;
   }
+  if (o.ops_per_s) {
+    if (auto r = check_number(path + ".ops.per_s", *o.ops_per_s, k_rate); !r) return r;
+  }
+  if (o.ops_burst) {
+    if (auto r = check_number(path + ".ops.burst", *o.ops_burst, k_ops_burst); !r) return r;
+  }
   if (o.per_day && *o.per_day && **o.per_day < 0) {
     return fail(fmt::format("{}.budget.per_day: must be null or {}, not {}", path,
                             int_expectation(k_per_day), **o.per_day));
@@ -630,7 +649,8 @@ result<void> check_policy(const std::string& path, const participant_policy_over
 }
 
 participant_policy_override as_override(const participant_policy& p) {
-  return {p.rate.per_s, p.rate.burst, p.rate.bytes_per_s, p.budget.per_day};
+  return {p.rate.per_s, p.rate.burst, p.rate.bytes_per_s,
+          p.ops.per_s,  p.ops.burst,  p.budget.per_day};
 }
 
 job_override as_override(const job_settings& j) {
@@ -650,6 +670,8 @@ participant_policy participant_policy_override::over(const participant_policy& b
   if (per_s) out.rate.per_s = *per_s;
   if (burst) out.rate.burst = *burst;
   if (bytes_per_s) out.rate.bytes_per_s = *bytes_per_s;
+  if (ops_per_s) out.ops.per_s = *ops_per_s;
+  if (ops_burst) out.ops.burst = *ops_burst;
   if (per_day) out.budget.per_day = *per_day;
   return out;
 }
@@ -813,6 +835,7 @@ result<void> check_server_config(const server_config& c) {
       !r) {
     return r;
   }
+  if (auto r = check_size("limits.max_pending", l.max_pending, k_max_pending); !r) return r;
   if (l.max_body_bytes > l.max_frame_bytes) {
     return fail(
         fmt::format("limits.max_body_bytes: must be at most limits.max_frame_bytes ({}), not {}",

@@ -410,13 +410,20 @@ result<std::shared_ptr<gateway>> gateway::open(gateway_options options) {
 
 std::shared_ptr<session> gateway::open_session(std::shared_ptr<session_carrier> carrier) {
   auto id = detail::unique_id("sess_", impl_->clk->now());
-  impl_->pending_connections.fetch_add(1);
+  const auto pending = impl_->pending_connections.fetch_add(1) + 1;
   auto s = detail::new_session(impl_, std::move(carrier), id);
   {
     std::lock_guard lock(impl_->mu);
     impl_->all_sessions.emplace(s.get(), s);
   }
-  if (impl_->shutting_down) detail::close(*s, close_code::going_away, "shutting down");
+  const auto max_pending = static_cast<std::int64_t>(impl_->opts.config.limits.max_pending);
+  if (impl_->shutting_down) {
+    detail::close(*s, close_code::going_away, "shutting down");
+  } else if (pending > max_pending) {
+    impl_->log("warn", "max_pending",
+               fmt::format("\"session\":{},\"pending\":{}", json_quote(id), pending));
+    detail::close(*s, close_code::try_again_later, "too many connections have not said hello");
+  }
   return std::make_shared<session>(std::move(s));
 }
 

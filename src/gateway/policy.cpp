@@ -81,6 +81,10 @@ result<void> check_policy(const participant_policy& p, std::string_view where) {
   if (p.rate.bytes_burst && !finite_at_least(*p.rate.bytes_burst, 1, true)) {
     return bad("rate.bytes_burst", "of at least 1");
   }
+  if (!finite_at_least(p.ops.per_s, 0, false)) return bad("ops.per_s", "above 0");
+  if (!finite_at_least(p.ops.burst, registry_op_cost, true)) {
+    return bad("ops.burst", fmt::format("of at least {}", registry_op_cost));
+  }
   if (p.budget.per_day && *p.budget.per_day < 0) {
     return unexpected(errc::bad_request,
                       fmt::format("{}.budget.per_day must be null or at least 0, not {}", where,
@@ -102,6 +106,19 @@ struct rate_bucket {
   double messages = 0;
   double bytes = 0;
   time_point at{};
+};
+
+// A participant's bucket of `ops_policy` tokens.
+struct ops_bucket {
+  const ops_policy* policy = nullptr;
+  double tokens = 0;
+  time_point at{};
+
+  double level_at(time_point now) const {
+    if (now <= at) return tokens;
+    const double s = std::chrono::duration<double>(now - at).count();
+    return std::min(policy->burst, tokens + s * policy->per_s);
+  }
 };
 
 // The levels of `b` at `now` (no refill when the clock went back).
@@ -174,6 +191,7 @@ struct policy::impl : std::enable_shared_from_this<policy::impl> {
 
   mutable std::mutex rate_mu;
   std::unordered_map<std::string, rate_bucket> buckets;
+  std::unordered_map<std::string, ops_bucket> ops_buckets;
   time_point rate_swept{};
 
   std::mutex budget_mu;
@@ -192,8 +210,7 @@ struct policy::impl : std::enable_shared_from_this<policy::impl> {
     auto now = clock->now();
     std::lock_guard lock(rate_mu);
     if (now - rate_swept >= k_sweep_period || now < rate_swept) {
-      std::erase_if(buckets, [&](const auto& kv) { return full_at(kv.second, now); });
-      rate_swept = now;
+      sweep(now);
     }
     std::string key = fmt::format("{}.{}", ns.view(), p.view());
     auto it = buckets.find(key);
@@ -238,9 +255,46 @@ struct policy::impl : std::enable_shared_from_this<policy::impl> {
     return v;
   }
 
+  // Full buckets hold nothing a new one would not: dropped (under rate_mu).
+  void sweep(time_point now) {
+    std::erase_if(buckets, [&](const auto& kv) { return full_at(kv.second, now); });
+    std::erase_if(ops_buckets, [&](const auto& kv) {
+      return kv.second.level_at(now) >= kv.second.policy->burst;
+    });
+    rate_swept = now;
+  }
+
+  rate_verdict take_ops(const namespace_name& ns, const participant_name& p, double tokens) {
+    auto now = clock->now();
+    std::lock_guard lock(rate_mu);
+    if (now - rate_swept >= k_sweep_period || now < rate_swept) sweep(now);
+    std::string key = fmt::format("{}.{}", ns.view(), p.view());
+    auto it = ops_buckets.find(key);
+    if (it == ops_buckets.end()) {
+      const auto& pol = policy_of(p).ops;
+      it = ops_buckets.emplace(std::move(key), ops_bucket{&pol, pol.burst, now}).first;
+    }
+    auto& b = it->second;
+    b.tokens = b.level_at(now);
+    b.at = now;
+    const double wait = std::max(0.0, (tokens - b.tokens) / b.policy->per_s);
+    if (wait <= k_slack_s) {
+      b.tokens -= tokens;
+      return {};
+    }
+    auto ms = std::max<std::int64_t>(
+        1, static_cast<std::int64_t>(std::ceil((wait - k_slack_s) * 1000.0)));
+    return {.allowed = false,
+            .retry_after = std::chrono::milliseconds(ms),
+            .message = fmt::format(
+                "participant {} is over its rate of {} op tokens per second (burst {}; this op "
+                "takes {}); retry after {} ms",
+                amp::quoted(p.view()), b.policy->per_s, b.policy->burst, tokens, ms)};
+  }
+
   std::size_t held_rate_buckets() const {
     std::lock_guard lock(rate_mu);
-    return buckets.size();
+    return buckets.size() + ops_buckets.size();
   }
 
   // ----- budget -------------------------------------------------------------------
@@ -565,6 +619,11 @@ const participant_policy& policy::policy_of(const participant_name& participant)
 rate_verdict policy::take_rate(const namespace_name& ns, const participant_name& participant,
                                std::size_t body_bytes) {
   return impl_->take_rate(ns, participant, body_bytes);
+}
+
+rate_verdict policy::take_ops(const namespace_name& ns, const participant_name& participant,
+                              double tokens) {
+  return impl_->take_ops(ns, participant, tokens);
 }
 
 void policy::async_spend_budget(const namespace_name& ns, const participant_name& participant,

@@ -44,6 +44,14 @@ constexpr std::size_t k_max_inbound_frames = 8192;
 constexpr std::size_t k_min_inbound_bytes = 64u << 20;
 // The most frames of one session that run at once (on different lanes).
 constexpr int k_max_running = 64;
+// What an op takes from the participant's ops bucket: nothing for hello and bye, nor for
+// the ops the spec's rate limits (admit), the most for those that touch the whole registry.
+double ops_cost(std::string_view op) {
+  if (op == "hello" || op == "bye" || op == "send" || op == "publish" || op == "submit") return 0;
+  if (op == "register" || op == "who" || op == "watch") return registry_op_cost;
+  return 1;
+}
+
 // The most bytes of a registry entry's `meta` (minified), which every watcher receives.
 constexpr std::size_t k_max_meta_bytes = 4096;
 
@@ -91,7 +99,7 @@ const std::map<std::string, frame_schema, std::less<>>& frame_schemas() {
     for (auto op : k_ops) {
       frame_schema f{json_schema::embedded(fmt::format("frames/{}", op)).value(), std::nullopt};
       if (auto names = names_schema_for(op); !names.empty()) {
-        f.names = json_schema::parse(names).value();
+        f.names = detail::schema_access::parse_own(names).value();
       }
       m.emplace(std::string(op), std::move(f));
     }
@@ -505,6 +513,13 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       if (auto r = detail::schema_access::validate(*schemas.names, frame); !r) {
         return fail(rq, error(errc::invalid_name, name_problem(op, r.error().path(), frame),
                               r.error().path()));
+      }
+    }
+    if (const double cost = ops_cost(op); cost > 0) {
+      auto [me, st] = who();
+      auto verdict = gw->pol->take_ops(me.ns, me.participant, cost);
+      if (!verdict.allowed) {
+        return fail(rq, error(errc::rate_limited, verdict.message), verdict.retry_after.count());
       }
     }
     try {

@@ -35,6 +35,8 @@
 /// - `limits.max_body_bytes` (`262144`, 256 KiB): 1..67108864, at most `max_frame_bytes`.
 /// - `limits.max_sessions` (`10000`): 1..1000000.
 /// - `limits.max_subscriptions` (`64`, per session): 1..10000.
+/// - `limits.max_pending` (`1024`, amp's): connections that have not said `hello` yet;
+///   1..1000000. One more is closed at once with 1013.
 /// - `policy.<p>.rate.per_s` (`1000`): messages per second, a number > 0.
 /// - `policy.<p>.rate.burst` (`2000`): the size of the bucket, which starts full; a
 ///   number >= 1 (a smaller bucket would refuse every message).
@@ -96,6 +98,8 @@ struct participant_policy_override {
   std::optional<double> per_s;        ///< `rate.per_s`
   std::optional<double> burst;        ///< `rate.burst`
   std::optional<double> bytes_per_s;  ///< `rate.bytes_per_s`
+  std::optional<double> ops_per_s;    ///< `ops.per_s` (amp's, not the spec's)
+  std::optional<double> ops_burst;    ///< `ops.burst`
   /// `budget.per_day`: not given (outer empty), or given as a limit or as `null`
   /// (unlimited, inner empty).
   std::optional<std::optional<std::int64_t>> per_day;
@@ -195,6 +199,7 @@ struct server_config {
     std::size_t max_body_bytes = 262144;    ///< `payload_too_large`; 1..`max_frame_bytes`
     std::size_t max_sessions = 10000;       ///< `hello` over it: `limit_exceeded`; 1..1000000
     std::size_t max_subscriptions = 64;     ///< per session; 1..10000
+    std::size_t max_pending = 1024;         ///< connections before `hello`; 1..1000000
 
     friend bool operator==(const limits_section&, const limits_section&) = default;
   } limits;

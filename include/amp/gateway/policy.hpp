@@ -85,6 +85,23 @@ struct rate_policy {
   friend bool operator==(const rate_policy&, const rate_policy&) = default;
 };
 
+/// A participant's rate for every op other than `hello`, `bye`, `send`, `publish` and
+/// `submit` (which the spec's `rate_policy` limits): amp's `policy.*.ops`. `register`,
+/// `who` and `watch`, which write or read a namespace's whole registry, take
+/// `registry_op_cost` tokens; the others one. Both values must be finite, `per_s` positive,
+/// `burst` at least `registry_op_cost`.
+struct ops_policy {
+  /// Tokens per second, the refill of the bucket.
+  double per_s = 10000;
+  /// Capacity of the bucket (it starts full).
+  double burst = 20000;
+
+  friend bool operator==(const ops_policy&, const ops_policy&) = default;
+};
+
+/// The tokens a `register`, `who` or `watch` takes from the `ops_policy` bucket.
+inline constexpr double registry_op_cost = 10;
+
 /// A participant's daily budget (spec §11 `policy.*.budget`).
 struct budget_policy {
   /// Requests per UTC day (at least 0); unset: unlimited and not counted.
@@ -97,6 +114,7 @@ struct budget_policy {
 struct participant_policy {
   rate_policy rate{};
   budget_policy budget{};
+  ops_policy ops{};
 
   friend bool operator==(const participant_policy&, const participant_policy&) = default;
 };
@@ -166,6 +184,12 @@ class policy {
   /// `allowed` false, `retry_after` and `message` set, nothing taken.
   rate_verdict take_rate(const namespace_name& ns, const participant_name& participant,
                          std::size_t body_bytes);
+
+  /// Checks and takes `tokens` from the participant's `ops_policy` bucket, as `take_rate`
+  /// does for its own (local, never blocks for long). Refused: `allowed` false,
+  /// `retry_after` and `message` set, nothing taken.
+  rate_verdict take_ops(const namespace_name& ns, const participant_name& participant,
+                        double tokens);
 
   /// Counts one request against the participant's budget of today (UTC, transport clock).
   /// Errors: `budget_exhausted` when the day's budget is spent (the message says when it

@@ -277,8 +277,10 @@ TEST_CASE("policy: a participant's entry merges over policy.default", "[config]"
       "participants": {
         "bob": {"rate": {"burst": 1}},
         "carol": {"budget": {"per_day": null}},
-        "dave": {}
+        "dave": {},
+        "erin": {"ops": {"per_s": 50}}
       }}})");
+  CHECK(c.policy_for("erin").ops == amp::ops_policy{.per_s = 50, .burst = 20000});
   CHECK(c.policy_for("alice") == c.default_policy);
   CHECK(c.default_policy.rate.per_s == 10);
   CHECK(c.default_policy.rate.burst == 20);
@@ -289,6 +291,7 @@ TEST_CASE("policy: a participant's entry merges over policy.default", "[config]"
   CHECK(bob.rate.burst == 1);
   CHECK(bob.rate.bytes_per_s == 10485760);
   CHECK(bob.budget.per_day == 1000);
+  CHECK(bob.ops == amp::ops_policy{});
 
   const auto carol = c.policy_for("carol");  // explicitly unlimited
   CHECK(carol.rate == c.default_policy.rate);
@@ -298,7 +301,7 @@ TEST_CASE("policy: a participant's entry merges over policy.default", "[config]"
 
   const auto pc = c.to_policy_config();
   CHECK(pc.default_policy == c.default_policy);
-  REQUIRE(pc.participants.size() == 3);
+  REQUIRE(pc.participants.size() == 4);
   CHECK(pc.participants.at("bob") == bob);
   CHECK(pc.participants.at("carol") == carol);
   CHECK(pc.storage == amp::storage_type::memory);  // no nats section
@@ -416,6 +419,12 @@ TEST_CASE("a value out of range is refused with its path and the range", "[confi
         "policy.participants.bob.rate.bytes_per_s: must be a number greater than 0, not -1");
   CHECK(error_of(R"({"policy": {"default": {"rate": {"burst": 0.5}}}})") ==
         "policy.default.rate.burst: must be a number of at least 1, not 0.5");
+  CHECK(error_of(R"({"policy": {"default": {"ops": {"per_s": 0}}}})") ==
+        "policy.default.ops.per_s: must be a number greater than 0, not 0");
+  CHECK(error_of(R"({"policy": {"participants": {"bob": {"ops": {"burst": 9}}}}})") ==
+        "policy.participants.bob.ops.burst: must be a number of at least 10, not 9");
+  CHECK_THAT(error_of(R"({"policy": {"default": {"ops": {"rate": 1}}}})"),
+             Catch::Contains("policy.default.ops.rate"));
   CHECK(error_of(R"({"policy": {"default": {"budget": {"per_day": -1}}}})") ==
         "policy.default.budget.per_day: must be null or an integer of at least 0, not -1");
   CHECK(error_of(R"({"policy": {"default": {"budget": {"per_day": 2.5}}}})") ==

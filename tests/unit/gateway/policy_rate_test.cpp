@@ -200,6 +200,8 @@ TEST_CASE("a bad policy configuration is refused at open", "[policy]") {
            {{.rate = {.bytes_per_s = -1}}, "rate.bytes_per_s"},
            {{.rate = {.bytes_burst = 0}}, "rate.bytes_burst"},
            {{.budget = {.per_day = -1}}, "budget.per_day"},
+           {{.ops = {.per_s = 0}}, "ops.per_s"},
+           {{.ops = {.burst = 9}}, "ops.burst"},
        }) {
     auto r = open_with(p);
     REQUIRE(code_of(r) == amp::errc::bad_request);
@@ -311,4 +313,26 @@ TEST_CASE("concurrent requests of one participant never get more than the bucket
   }
   for (auto& th : threads) th.join();
   CHECK(allowed == 1000);
+}
+
+TEST_CASE("every other op has a bucket of its own: registry ops take 100 tokens, others one",
+          "[policy]") {
+  rig r(amp::policy_config{.default_policy = {.ops = {.per_s = 100, .burst = 30}}});
+  auto& p = *r.policy;
+  // 30 tokens: two registry ops (10 each) and 10 cheap ones, then nothing.
+  REQUIRE(p.take_ops(ns("app"), pn("alice"), amp::registry_op_cost).allowed);
+  REQUIRE(p.take_ops(ns("app"), pn("alice"), amp::registry_op_cost).allowed);
+  for (int i = 0; i < 10; ++i) REQUIRE(p.take_ops(ns("app"), pn("alice"), 1).allowed);
+  auto v = p.take_ops(ns("app"), pn("alice"), 1);
+  REQUIRE_FALSE(v.allowed);
+  CHECK(v.retry_after == 10ms);
+  CHECK_THAT(v.message, Catch::Contains("op tokens per second") && Catch::Contains("\"alice\""));
+  // 10 tokens come back in 100 ms at 100 per second.
+  CHECK(p.take_ops(ns("app"), pn("alice"), amp::registry_op_cost).retry_after == 100ms);
+  r.clock->advance(100ms);
+  REQUIRE(p.take_ops(ns("app"), pn("alice"), amp::registry_op_cost).allowed);
+  // Buckets are per participant and namespace, and apart from the message bucket.
+  REQUIRE(p.take_ops(ns("app"), pn("bob"), amp::registry_op_cost).allowed);
+  REQUIRE(p.take_ops(ns("other"), pn("alice"), amp::registry_op_cost).allowed);
+  REQUIRE(r.take("alice").allowed);
 }

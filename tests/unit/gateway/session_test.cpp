@@ -89,6 +89,24 @@ TEST_CASE("over max_sessions hello is limit_exceeded and closes with 1013", "[se
   CHECK(rig.gw->sessions() == 2);
 }
 
+TEST_CASE("over limits.max_pending a new connection is closed with 1013 before hello",
+          "[session]") {
+  gateway_rig rig([](amp::server_config& c) { c.limits.max_pending = 2; });
+  auto a = rig.open();
+  auto b = rig.open();
+  auto c = rig.open();  // the third waiting for hello
+  CHECK(c.carrier->close_code == 1013);
+  c.s->closed();  // the carrier reports the close
+  CHECK_FALSE(a.carrier->close_code);
+  CHECK_FALSE(b.carrier->close_code);
+  // Once one says hello, there is room for one more.
+  CHECK(a.request(R"({"op":"hello","id":1,"token":")" + rig.token("a") + "\"}", "1").op() == "ok");
+  auto d = rig.open();
+  CHECK_FALSE(d.carrier->close_code);
+  CHECK(d.request(R"({"op":"hello","id":1,"token":")" + rig.token("d") + "\"}", "1").op() == "ok");
+  CHECK(rig.gw->sessions() == 2);
+}
+
 TEST_CASE("bad frames are bad_request, with id null when the id cannot be used, the session stays",
           "[session]") {
   gateway_rig rig;
@@ -755,4 +773,22 @@ TEST_CASE("members a participant controls are bounded: meta, jobs, headers, erro
                 "9");
   CHECK(long_message.code() == "bad_request");
   CHECK_THAT(long_message.str("/message"), Catch::Contains("/error/message"));
+}
+
+TEST_CASE("register, who, watch and the other ops are rate limited by the ops bucket",
+          "[session]") {
+  gateway_rig rig([](amp::server_config& c) { c.default_policy.ops = {.per_s = 10, .burst = 25}; });
+  auto w = rig.connect("alice");
+  CHECK(w.request(R"({"op":"who","id":1})", "1").op() == "ok");
+  CHECK(w.request(R"({"op":"register","id":2,"jobs":["j"]})", "2").op() == "ok");
+  auto limited = w.request(R"({"op":"who","id":3})", "3");  // 5 tokens left
+  CHECK(limited.code() == "rate_limited");
+  CHECK(limited.num("/retry_after_ms") == 500);
+  // Cheap ops still pass, one token each, and bad frames are refused before the bucket.
+  CHECK(w.request(R"({"op":"heartbeat","id":4})", "4").op() == "ok");
+  CHECK(w.request(R"({"op":"who","id":5,"job":"Bad Name"})", "5").code() == "invalid_name");
+  // send is not counted here: it has the spec's rate.
+  CHECK(w.request(R"({"op":"send","id":6,"to":"bob","body":1})", "6").op() == "ok");
+  rig.clock->advance(std::chrono::milliseconds(600));
+  CHECK(w.request(R"({"op":"who","id":7})", "7").op() == "ok");
 }
