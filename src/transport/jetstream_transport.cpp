@@ -1160,9 +1160,17 @@ class jetstream_backend final : public transport,
     auto* st = new push_state{*sink_, queue, {}};
     std::optional<time_point> not_before;
     if (request.start == deliver_policy::by_start_time) not_before = request.start_time;
+    // New messages are those after the stream's last one now, asked for by sequence: a
+    // DeliverNew consumer that cnats recreates (missed heartbeats) before its first message
+    // would start at the end again and skip what was published in between.
+    replay_request start = request;
+    if (start.start == deliver_policy::new_messages) {
+      start.start = deliver_policy::by_start_sequence;
+      start.start_seq = info->state.last_seq + 1;
+    }
     // nats-server starts a replay from a sequence beyond the end at the end: skip up to it.
     std::uint64_t first_seq =
-        request.start == deliver_policy::by_start_sequence ? request.start_seq : 0;
+        start.start == deliver_policy::by_start_sequence ? start.start_seq : 0;
     st->handle = [queue, on_message = std::move(on_message), stream = request.stream, not_before,
                   first_seq](natsMsg* m) mutable {
       message out;
@@ -1187,8 +1195,8 @@ class jetstream_backend final : public transport,
     jsSubOptions_Init(&so);
     so.Stream = request.stream.c_str();
     so.Ordered = true;
-    so.Config.DeliverPolicy = to_js(request.start);
-    so.Config.OptStartSeq = request.start_seq;
+    so.Config.DeliverPolicy = to_js(start.start);
+    so.Config.OptStartSeq = start.start_seq;
     // nats-server 2.9 can start a by-time replay a few messages late (its file store finds
     // the sequence for a time coarsely): start early and drop what is older.
     so.Config.OptStartTime = to_ns((request.start_time - 2s).time_since_epoch());
@@ -1488,9 +1496,12 @@ class jetstream_backend final : public transport,
     };
     bool updates_only = options.updates_only;
     bool include_history = options.include_history;
+    // Updates are the revisions after the last one now, asked for by sequence (see
+    // subscribe_ordered); older ones that the server may start with are skipped.
+    const std::uint64_t first_update = info->state.last_seq + 1;
     auto* st = new push_state{*sink_, queue, {}};
     st->handle = [queue, progress, mark_caught_up, on_entry, prefix, b = std::string(bucket),
-                  updates_only, include_history](natsMsg* m) {
+                  updates_only, include_history, first_update](natsMsg* m) {
       kv_entry e;
       e.bucket = b;
       std::string_view subject = natsMsg_GetSubject(m);
@@ -1505,6 +1516,7 @@ class jetstream_backend final : public transport,
         pending = meta->NumPending;
         jsMsgMetaData_Destroy(meta);
       }
+      if (updates_only && e.revision < first_update) return;
       bool initial = !progress->caught_up && !updates_only;
       if (!(initial && !include_history && e.op != kv_op::put)) {
         queue->push([on_entry, e = std::move(e)] { on_entry(e); });
@@ -1515,9 +1527,10 @@ class jetstream_backend final : public transport,
     jsSubOptions_Init(&so);
     so.Stream = stream.c_str();
     so.Ordered = true;
-    so.Config.DeliverPolicy = options.updates_only      ? js_DeliverNew
+    so.Config.DeliverPolicy = options.updates_only      ? js_DeliverByStartSequence
                               : options.include_history ? js_DeliverAll
                                                         : js_DeliverLastPerSubject;
+    if (options.updates_only) so.Config.OptStartSeq = first_update;
     auto sub = subscribe_push(prefix + key_filter, so, st, queue,
                               fmt::format("watch of bucket \"{}\"", bucket));
     if (!sub) return sub;
