@@ -58,7 +58,7 @@ result<envelope> parse_envelope(std::string_view json) {
   if (!ts) {
     return unexpected(errc::invalid_envelope, "at /ts: " + ts.error().message(), "/ts");
   }
-  e.ts = *ts;
+  e.ts = std::chrono::floor<std::chrono::milliseconds>(*ts);  // the wire's precision
 
   e.body = simdjson::minify(object.at_key("body").value_unsafe());
 

@@ -38,7 +38,8 @@ struct envelope {
 /// `error().path()` the JSON Pointer of the failing member (`/from`, `/headers`, `/ts`…,
 /// or `""` when the text is not an object) and a message that includes it. `ts` must
 /// also be a real instant (`invalid_envelope` at `/ts` for e.g. February 30). Members
-/// the schema does not know are ignored. A header name appearing twice is
+/// the schema does not know are ignored. `ts` is kept to the millisecond, the precision
+/// the wire carries (further digits are dropped). A header name appearing twice is
 /// `invalid_envelope` at `/headers/<name>`.
 ///
 /// `body` keeps the value minified: the same JSON value, whitespace removed, strings

@@ -492,7 +492,7 @@ result<void> apply_nats(dom::element e, const std::string& path,
   if (!e.is_object()) {
     return fail(fmt::format("{}: must be an object or null, not {}", path, describe(e)));
   }
-  auto& n = nats ? *nats : nats.emplace();
+  auto& n = nats ? *nats : nats.emplace(server_config::nats_section{});
   return for_members(
       e, path, {"url", "creds", "replicas", "storage"},
       [&](std::string_view k, dom::element x, const std::string& q) -> result<void> {

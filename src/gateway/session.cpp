@@ -516,7 +516,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       }
     }
     if (const double cost = ops_cost(op); cost > 0) {
-      auto [me, st] = who();
+      auto here = who();
+      auto& me = here.first;
+      auto& st = here.second;
       auto verdict = gw->pol->take_ops(me.ns, me.participant, cost);
       if (!verdict.allowed) {
         return fail(rq, error(errc::rate_limited, verdict.message), verdict.retry_after.count());
@@ -554,7 +556,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     if (op == "task") return on_task(rq);
   }
 
-  // The identity and namespace of an authenticated session (every op but hello).
+  // The identity and namespace of an authenticated session (every op but hello). Callers
+  // name the two through references, not a structured binding: their lambdas capture them,
+  // which clang before 16 refuses for bindings (the fuzz build is clang 14).
   std::pair<identity, std::shared_ptr<detail::ns_state>> who() {
     std::lock_guard lock(mu);
     return {*ident, ns};
@@ -747,7 +751,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_send(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto to = participant_name::make(string_or_empty(rq.frame, "to")).value();
     if (!me.grants.may_send(to)) {
       return fail(rq, errc::forbidden,
@@ -831,7 +837,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // ---- topics ---------------------------------------------------------------------------
 
   void on_publish(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto t = topic::make(string_or_empty(rq.frame, "topic")).value();
     if (!me.grants.may_publish(t)) {
       return fail(rq, errc::forbidden,
@@ -879,7 +887,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_subscribe(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto pattern = topic_pattern::make(string_or_empty(rq.frame, "topic")).value();
     auto from = replay_of(rq.frame);
     if (!from) return fail(rq, from.error());
@@ -1056,7 +1066,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_register(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     std::vector<job_name> jobs;
     dom::array arr;
     if (!rq.frame.at_key("jobs").get_array().get(arr)) {
@@ -1134,7 +1146,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_heartbeat(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     refresh_entry(me, st);
     if (auto task = string_at(rq.frame, "task")) {
       auto t = task_id::make(*task).value();
@@ -1171,7 +1185,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_who(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     std::optional<job_name> job;
     if (auto j = string_at(rq.frame, "job")) job = job_name::make(*j).value();
     auto entries = gw->timed([&] { return st->b->registry().live(job); });
@@ -1184,7 +1200,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_watch(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto now = gw->clk->now();
     json_writer w;
     w.begin_object().key("participants").begin_array();
@@ -1200,7 +1218,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // ---- jobs -----------------------------------------------------------------------------
 
   void on_submit(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto job = job_name::make(string_or_empty(rq.frame, "job")).value();
     if (!me.grants.may_submit(job)) {
       return fail(rq, errc::forbidden,
@@ -1276,7 +1296,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_claim(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto task = string_or_empty(rq.frame, "task");
     auto o = take_offer(*st, task);
     if (!o)
@@ -1310,7 +1332,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_decline(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto task = string_or_empty(rq.frame, "task");
     auto o = take_offer(*st, task);
     if (!o)
@@ -1340,7 +1364,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_complete(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto t = task_id::make(string_or_empty(rq.frame, "task")).value();
     auto result_json = raw_at(rq.frame, "result");
     if (result_json.empty()) result_json = "null";
@@ -1374,7 +1400,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_fail(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto t = task_id::make(string_or_empty(rq.frame, "task")).value();
     task_error err;
     dom::element e;
@@ -1398,7 +1426,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_cancel(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto t = task_id::make(string_or_empty(rq.frame, "task")).value();
     auto r = gw->timed(
         [&] { return st->b->jobs().cancel(t, {.who = me.participant, .admin = me.grants.admin}); });
@@ -1410,7 +1440,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   }
 
   void on_task(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     auto t = task_id::make(string_or_empty(rq.frame, "task")).value();
     viewer v{.who = me.participant, .admin = me.grants.admin};
     auto record = gw->timed([&] { return st->b->jobs().get(t, v); });
@@ -1431,7 +1463,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // ---- bye and close --------------------------------------------------------------------
 
   void on_bye(request& rq) {
-    auto [me, st] = who();
+    auto here = who();
+    auto& me = here.first;
+    auto& st = here.second;
     std::vector<std::string> leases;
     {
       std::lock_guard lock(st->mu);

@@ -354,3 +354,17 @@ TEST_CASE("a huge member value is refused without harm", "[envelope]") {
   REQUIRE(e.has_value());
   REQUIRE(e->body.size() == big.size() + 2);
 }
+
+TEST_CASE("a ts finer than the millisecond is kept to the millisecond, so it round-trips",
+          "[envelope]") {
+  // Found by fuzz_envelope: the nanoseconds were kept, and to_json wrote only milliseconds.
+  const auto e =
+      amp::parse_envelope(with_member("ts", R"("2026-06-30t23:59:59.123456789z")")).value();
+  CHECK(amp::format_timestamp(e.ts) == "2026-06-30T23:59:59.123Z");
+  CHECK(e.ts.time_since_epoch() % std::chrono::milliseconds(1) == amp::duration::zero());
+  CHECK(amp::parse_envelope(amp::to_json(e)).value() == e);
+  const auto offset =
+      amp::parse_envelope(with_member("ts", R"("2026-07-01T01:59:59.9999+02:00")")).value();
+  CHECK(amp::format_timestamp(offset.ts) == "2026-06-30T23:59:59.999Z");
+  CHECK(amp::parse_envelope(amp::to_json(offset)).value() == offset);
+}
