@@ -353,22 +353,37 @@ struct rewriter {
     }
   }
 
+  // Writes `object`, each member through `member(name, value)`, which writes it and returns
+  // true, or returns false to leave it out.
+  template <class Member>
+  void object_of(dom::object object, Member member) {
+    out += '{';
+    bool first = true;
+    for (auto [name, value] : object) {
+      const std::size_t mark = out.size();
+      if (!first) {
+        out += ',';
+      }
+      if (member(name, value)) {
+        first = false;
+      } else {
+        out.resize(mark);
+      }
+    }
+    out += '}';
+  }
+
   void schema_map(dom::element node, const std::string& at) {
     dom::object map;
     if (node.get_object().get(map)) {
       copy(node);
       return;
     }
-    out += '{';
-    bool first = true;
-    for (auto [name, value] : map) {
-      if (!std::exchange(first, false)) {
-        out += ',';
-      }
+    object_of(map, [&](std::string_view name, dom::element value) {
       key(name);
       schema(value, at + pointer_token(name));
-    }
-    out += '}';
+      return true;
+    });
   }
 
   // One member of a schema object; false when it is left out.
@@ -425,20 +440,8 @@ struct rewriter {
       copy(node);
       return;
     }
-    out += '{';
-    bool first = true;
-    for (auto [name, value] : object) {
-      const std::size_t mark = out.size();
-      if (!first) {
-        out += ',';
-      }
-      if (keyword(name, value, at)) {
-        first = false;
-      } else {
-        out.resize(mark);
-      }
-    }
-    out += '}';
+    object_of(object,
+              [&](std::string_view name, dom::element value) { return keyword(name, value, at); });
   }
 };
 
@@ -656,8 +659,7 @@ result<void> detail::schema_access::validate(const json_schema& schema, dom::ele
       return {};
     }
     error_search search(results);
-    valijson::Validator again(valijson::Validator::kStrongTypes);
-    again.validate(s, simdjson_adapter(root), &results);
+    validator.validate(s, simdjson_adapter(root), &results);
   } catch (const error_search::exhausted&) {
     search_stopped = true;  // what was found so far is reported
   } catch (const std::exception& e) {

@@ -516,10 +516,11 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       }
     }
     if (const double cost = ops_cost(op); cost > 0) {
-      auto here = who();
-      auto& me = here.first;
-      auto& st = here.second;
-      auto verdict = gw->pol->take_ops(me.ns, me.participant, cost);
+      rate_verdict verdict;
+      {
+        std::lock_guard lock(mu);  // the names only: who() would copy the whole identity
+        verdict = gw->pol->take_ops(ident->ns, ident->participant, cost);
+      }
       if (!verdict.allowed) {
         return fail(rq, error(errc::rate_limited, verdict.message), verdict.retry_after.count());
       }
