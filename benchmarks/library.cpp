@@ -547,7 +547,7 @@ class worker {
         claimed_.pop_front();
       }
       auto task = next->first;
-      q_.async_complete(task, worker_name(), std::move(next->second),
+      q_.async_complete(task, worker_name(), std::move(next->second), {},
                         [this, task](amp::result<amp::completion_result> c) {
                           std::size_t again = 0;
                           {

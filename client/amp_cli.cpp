@@ -438,11 +438,12 @@ void run_task(client& session, const work_args& args, work_state& state, const c
   int exit_status = outcome.exit_code;
   std::string state_after;
   if (outcome.succeeded()) {
-    auto done = session.complete(task, result_from_output(outcome.output));
+    auto done = session.complete(task, result_from_output(outcome.output), claim.attempt);
     if (!done && done.error().code() == errc::payload_too_large) {
       // A result the server will never take: fail the task rather than let its lease run out.
       fail_options no_retry;
       no_retry.retry = false;
+      no_retry.attempt = claim.attempt;
       auto failed = session.fail(task, "result_too_large", done.error().message(), no_retry);
       if (failed) state_after = failed->state;
     } else if (done) {
@@ -461,7 +462,9 @@ void run_task(client& session, const work_args& args, work_state& state, const c
     }
     if (message.empty()) message = valid_utf8(trim(outcome.error_output));
     if (message.empty()) message = args.command.front() + " ended with " + code;
-    auto failed = session.fail(task, code, message);
+    fail_options fenced;
+    fenced.attempt = claim.attempt;
+    auto failed = session.fail(task, code, message, fenced);
     if (failed) {
       state_after = failed->state;
     } else {

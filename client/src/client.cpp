@@ -875,9 +875,11 @@ result<client_frame> client::heartbeat() {
   return request("heartbeat");
 }
 
-result<std::string> client::heartbeat(std::string_view task) {
+result<std::string> client::heartbeat(std::string_view task, std::optional<int> attempt) {
   json_writer w;
-  w.begin_object().key("task").string(task).end_object();
+  w.begin_object().key("task").string(task);
+  if (attempt) w.key("attempt").integer(*attempt);
+  w.end_object();
   auto r = request("heartbeat", w.str());
   if (!r) return std::move(r).error();
   return r->string_at("/expires_at").value_or("");
@@ -900,10 +902,13 @@ result<void> client::decline(std::string_view task) {
   return {};
 }
 
-result<complete_receipt> client::complete(std::string_view task, std::string_view result_json) {
+result<complete_receipt> client::complete(std::string_view task, std::string_view result_json,
+                                          std::optional<int> attempt) {
   if (auto r = check_json("result", result_json); !r) return std::move(r).error();
   json_writer w;
-  w.begin_object().key("task").string(task).key("result").raw(trim(result_json)).end_object();
+  w.begin_object().key("task").string(task).key("result").raw(trim(result_json));
+  if (attempt) w.key("attempt").integer(*attempt);
+  w.end_object();
   auto r = request("complete", w.str());
   if (!r) return std::move(r).error();
   return complete_receipt{r->string_at("/task").value_or(std::string(task)),
@@ -917,6 +922,7 @@ result<fail_receipt> client::fail(std::string_view task, std::string_view code,
   w.key("error").begin_object().key("code").string(code).key("message").string(message);
   w.end_object().key("retry").boolean(options.retry);
   if (options.retry_delay) w.key("retry_delay_ms").integer(options.retry_delay->count());
+  if (options.attempt) w.key("attempt").integer(*options.attempt);
   w.end_object();
   auto r = request("fail", w.str());
   if (!r) return std::move(r).error();

@@ -25,9 +25,19 @@ constexpr int k_max_attempts_limit = 100;
 constexpr int k_cas_rounds = 8;
 // A delivery deferred behind a live lease comes back this long after the lease ends.
 constexpr duration k_defer_slack = std::chrono::milliseconds(50);
+// A lease whose end could not be judged (the backend away) is looked at again this often.
+constexpr duration k_lease_retry = std::chrono::seconds(1);
 
 error lease_lost(const task_id& task) {
   return error(errc::lease_lost, fmt::format("no live lease on {}", task.view()));
+}
+
+// The fence (spec §7): an `attempt` given with complete, fail or heartbeat must be the
+// task's current one.
+std::optional<error> fenced(const task_id& task, const task_record& r, std::optional<int> attempt) {
+  if (!attempt || *attempt == r.attempt) return std::nullopt;
+  return error(errc::lease_lost, fmt::format("attempt {} of {} is not its current attempt ({})",
+                                             *attempt, task.view(), r.attempt));
 }
 
 std::string notice_body(const task_record& r) {
@@ -111,7 +121,6 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   // ----- lease bookkeeping and timers ----------------------------------------------------
 
   void track(const task_record& r, const participant_name& holder) {
-    std::weak_ptr<state> weak = weak_from_this();
     auto task = r.task;
     std::optional<participant_name> displaced;
     {
@@ -124,16 +133,32 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
         if (it->second.holder != holder) displaced = it->second.holder;
         it->second.holder = holder;
       }
-      it->second.timer = t->clock()->call_at(r.lease_expires_at, [weak, task, holder] {
-        auto self = weak.lock();
-        if (!self) return;
-        self->post([weak, task, holder] {
-          if (auto s = weak.lock()) s->on_lease_timer(task, holder);
-        });
-      });
+      it->second.timer = lease_timer(task, holder, r.lease_expires_at);
     }
     // A claim over a lease that ran out elsewhere: its holder lost it.
     if (displaced) emit_lease_lost(*displaced, *task_id::make(task));
+  }
+
+  // Looks at `holder`'s lease on `task` at `when` (`mu` held).
+  timer_id lease_timer(const std::string& task, const participant_name& holder, time_point when) {
+    std::weak_ptr<state> weak = weak_from_this();
+    return t->clock()->call_at(when, [weak, task, holder] {
+      auto self = weak.lock();
+      if (!self) return;
+      self->post([weak, task, holder] {
+        if (auto s = weak.lock()) s->on_lease_timer(task, holder);
+      });
+    });
+  }
+
+  // The backend did not answer when `holder`'s lease on `task` ended: look again soon. The
+  // lease stays tracked (and counted as its holder's load) until it is known to be over.
+  void lease_timer_again(const std::string& task, const participant_name& holder) {
+    std::lock_guard lock(mu);
+    if (closed) return;
+    auto it = leases.find(task);
+    if (it == leases.end() || it->second.holder != holder) return;
+    it->second.timer = lease_timer(task, holder, now() + k_lease_retry);
   }
 
   // The record of `task` as this job queue last wrote it for `holder`'s lease, if it did.
@@ -156,22 +181,28 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   }
 
   void on_lease_timer(const std::string& task_str, const participant_name& holder) {
+    int attempt = 0;
     {
       std::lock_guard lock(mu);
       if (closed) return;
       auto it = leases.find(task_str);
       if (it == leases.end() || it->second.holder != holder) return;
+      attempt = it->second.record.attempt;
     }
     auto task = task_id::make(task_str);
     if (!task) return;
     for (int round = 0; round < k_cas_rounds; ++round) {
       auto rec = store->get(config.ns, *task);
       if (!rec) {
-        if (rec.error().code() == errc::not_found) untrack(task_str, holder);
-        return;  // unavailable: the redelivery will judge it
+        if (rec.error().code() != errc::not_found) return lease_timer_again(task_str, holder);
+        if (untrack(task_str, holder)) emit_lease_lost(holder, *task);
+        return;
       }
-      if (rec->state != task_state::running || rec->owner != holder.str()) {
-        if (untrack(task_str, holder) && !is_terminal(rec->state)) emit_lease_lost(holder, *task);
+      // Over, or moved on to another attempt (perhaps the holder's own, claimed through
+      // another process): the lease held here is lost, and a newer one is not taken over.
+      if (rec->state != task_state::running || rec->owner != holder.str() ||
+          rec->attempt != attempt) {
+        if (untrack(task_str, holder)) emit_lease_lost(holder, *task);
         return;
       }
       if (rec->lease_expires_at > now()) {  // extended elsewhere: wait for the new end
@@ -179,10 +210,14 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
         return;
       }
       auto moved = expire(std::move(*rec));
-      if (!moved && moved.error().code() == errc::conflict) continue;
-      if (untrack(task_str, holder) && moved) emit_lease_lost(holder, *task);
+      if (!moved) {
+        if (moved.error().code() == errc::conflict) continue;
+        return lease_timer_again(task_str, holder);
+      }
+      if (untrack(task_str, holder)) emit_lease_lost(holder, *task);
       return;
     }
+    lease_timer_again(task_str, holder);
   }
 
   void emit_lease_lost(const participant_name& holder, const task_id& task) {
@@ -403,21 +438,27 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
 
   // The record of `task` to base `who`'s next write on: in round 0 the one this job queue
   // wrote last for `who`'s live lease when there is one (a stale one makes the write fail
-  // with `conflict`, and round 1 reads), read from the store otherwise.
-  result<task_record> latest(const task_id& task, const participant_name& who, int round) {
+  // with `conflict`, and round 1 reads), read from the store otherwise. A record of another
+  // attempt than the one the caller names is read again: another process may have written
+  // that attempt.
+  result<task_record> latest(const task_id& task, const participant_name& who, int round,
+                             std::optional<int> attempt = std::nullopt) {
     if (round == 0) {
-      if (auto w = written_live(task.view(), who)) return std::move(*w);
+      auto w = written_live(task.view(), who);
+      if (w && (!attempt || w->attempt == *attempt)) return std::move(*w);
     }
     return store->get(config.ns, task);
   }
 
   // The record of `task` if `who` holds a live lease on it (see `latest`).
-  result<task_record> held_by(const task_id& task, const participant_name& who, int round) {
-    auto rec = latest(task, who, round);
+  result<task_record> held_by(const task_id& task, const participant_name& who, int round,
+                              std::optional<int> attempt = std::nullopt) {
+    auto rec = latest(task, who, round, attempt);
     if (!rec) {
       if (rec.error().code() == errc::not_found) return lease_lost(task);
       return rec;
     }
+    if (auto stale = fenced(task, *rec, attempt)) return *stale;
     if (rec->state != task_state::running || rec->owner != who.str() ||
         rec->lease_expires_at <= now()) {
       return lease_lost(task);
@@ -454,20 +495,23 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       auto now_rec = store->get(config.ns, *task);
       if (now_rec && now_rec->state == task_state::running && now_rec->owner == who.str() &&
           now_rec->ack_token == o.msg.ack_token) {
-        return lease{*task, now_rec->attempt, now_rec->lease_expires_at};  // a repeated claim
+        return lease{*task, now_rec->attempt, now_rec->lease_expires_at,
+                     now_rec->job};  // a repeated claim
       }
       return unexpected(errc::conflict, fmt::format("task {} moved on", o.task.task));
     }
     t->async_acknowledge(o.msg, ack_kind::in_progress, {}, [](result<void>) {});
     track(*stored, who);
-    return lease{*task, stored->attempt, stored->lease_expires_at};
+    return lease{*task, stored->attempt, stored->lease_expires_at, stored->job};
   }
 
   // What completing `rec` for `who` comes to: an answer without a write (a repeated
   // complete, a lease that is not `who`'s), or nothing, with `rec` made the record to write.
   std::optional<result<completion_result>> completing(task_record& rec, const task_id& task,
                                                       const participant_name& who,
-                                                      const std::string& result_json) {
+                                                      const std::string& result_json,
+                                                      std::optional<int> attempt) {
+    if (auto stale = fenced(task, rec, attempt)) return *stale;
     if (rec.state == task_state::completed && rec.owner == who.str()) {
       return completion_result{std::move(rec), true};
     }
@@ -493,14 +537,17 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
 
   // `complete`'s compare-and-set rounds, from `first_round` (see `latest`).
   result<completion_result> complete_from(const task_id& task, const participant_name& who,
-                                          const std::string& result_json, int first_round) {
+                                          const std::string& result_json,
+                                          std::optional<int> attempt, int first_round) {
     for (int round = first_round; round < k_cas_rounds; ++round) {
-      auto rec = latest(task, who, round);
+      auto rec = latest(task, who, round, attempt);
       if (!rec) {
         if (rec.error().code() == errc::not_found) return lease_lost(task);
         return rec.error();
       }
-      if (auto answer = completing(*rec, task, who, result_json)) return std::move(*answer);
+      if (auto answer = completing(*rec, task, who, result_json, attempt)) {
+        return std::move(*answer);
+      }
       auto stored = store->update(std::move(*rec));
       if (stored) return completed(task, who, std::move(*stored));
       if (stored.error().code() != errc::conflict) return stored.error();
@@ -703,9 +750,10 @@ result<void> job_queue::release(const offer& o) {
   return s_->t->nak(o.msg);
 }
 
-result<lease> job_queue::heartbeat(const task_id& task, const participant_name& who) {
+result<lease> job_queue::heartbeat(const task_id& task, const participant_name& who,
+                                   std::optional<int> attempt) {
   for (int round = 0; round < k_cas_rounds; ++round) {
-    auto rec = s_->held_by(task, who, round);
+    auto rec = s_->held_by(task, who, round, attempt);
     if (!rec) return rec.error();
     rec->lease_expires_at = s_->now() + s_->job_of(*rec).lease;
     rec->updated_at = s_->now();
@@ -716,7 +764,7 @@ result<lease> job_queue::heartbeat(const task_id& task, const participant_name& 
     }
     (void)s_->t->in_progress(token_message(*stored));
     s_->track(*stored, who);
-    return lease{task, stored->attempt, stored->lease_expires_at};
+    return lease{task, stored->attempt, stored->lease_expires_at, stored->job};
   }
   return unexpected(errc::unavailable, fmt::format("task {} kept changing", task.view()));
 }
@@ -763,48 +811,57 @@ result<task_record> job_queue::release_lease(const task_id& task, const particip
 }
 
 result<completion_result> job_queue::complete(const task_id& task, const participant_name& who,
-                                              std::string result_json) {
+                                              std::string result_json, std::optional<int> attempt) {
   if (auto r = json_check(result_json); !r) {
     return unexpected(errc::bad_request, "result: " + r.error().message());
   }
-  return s_->complete_from(task, who, result_json, 0);
+  return s_->complete_from(task, who, result_json, attempt, 0);
 }
 
 void job_queue::async_complete(const task_id& task, const participant_name& who,
-                               std::string result_json, completion<completion_result> done) {
+                               std::string result_json, std::optional<int> attempt,
+                               completion<completion_result> done) {
   if (auto r = json_check(result_json); !r) {
     return done(unexpected(errc::bad_request, "result: " + r.error().message()));
   }
   auto rec = s_->written_live(task.view(), who);
-  if (!rec) return done(s_->complete_from(task, who, result_json, 1));
-  if (auto answer = s_->completing(*rec, task, who, result_json)) return done(std::move(*answer));
+  if (!rec || (attempt && rec->attempt != *attempt)) {
+    return done(s_->complete_from(task, who, result_json, attempt, 1));
+  }
+  if (auto answer = s_->completing(*rec, task, who, result_json, attempt)) {
+    return done(std::move(*answer));
+  }
   std::weak_ptr<state> weak = s_;
-  s_->store->async_update(std::move(*rec), [weak, task, who, result_json = std::move(result_json),
-                                            done = std::move(done)](
-                                               result<task_record> stored) mutable {
-    auto s = weak.lock();
-    if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
-    if (stored) {
-      // With a blocking `notify`, the notice and ack block: not on the transport's thread.
-      if (s->events.async_notify && !s->events.notify) {
-        return done(s->completed(task, who, std::move(*stored)));
-      }
-      return s->post(
-          [s, task = std::move(task), who = std::move(who), stored = std::move(*stored),
-           done = std::move(done)]() mutable { done(s->completed(task, who, std::move(stored))); });
-    }
-    if (stored.error().code() != errc::conflict) return done(std::move(stored).error());
-    // The task changed since this job queue wrote it: read it (blocking, so not on the
-    // transport's thread) and try again.
-    s->post([s, task = std::move(task), who = std::move(who), result_json = std::move(result_json),
-             done = std::move(done)] { done(s->complete_from(task, who, result_json, 1)); });
-  });
+  s_->store->async_update(
+      std::move(*rec), [weak, task, who, result_json = std::move(result_json), attempt,
+                        done = std::move(done)](result<task_record> stored) mutable {
+        auto s = weak.lock();
+        if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
+        if (stored) {
+          // With a blocking `notify`, the notice and ack block: not on the transport's thread.
+          if (s->events.async_notify && !s->events.notify) {
+            return done(s->completed(task, who, std::move(*stored)));
+          }
+          return s->post([s, task = std::move(task), who = std::move(who),
+                          stored = std::move(*stored), done = std::move(done)]() mutable {
+            done(s->completed(task, who, std::move(stored)));
+          });
+        }
+        if (stored.error().code() != errc::conflict) return done(std::move(stored).error());
+        // The task changed since this job queue wrote it: read it (blocking, so not on the
+        // transport's thread) and try again.
+        s->post([s, task = std::move(task), who = std::move(who),
+                 result_json = std::move(result_json), attempt, done = std::move(done)] {
+          done(s->complete_from(task, who, result_json, attempt, 1));
+        });
+      });
 }
 
 result<task_record> job_queue::fail(const task_id& task, const participant_name& who,
-                                    task_error error, bool retry, duration retry_delay) {
+                                    task_error error, bool retry, duration retry_delay,
+                                    std::optional<int> attempt) {
   for (int round = 0; round < k_cas_rounds; ++round) {
-    auto rec = s_->held_by(task, who, round);
+    auto rec = s_->held_by(task, who, round, attempt);
     if (!rec) return rec;
     auto token = token_message(*rec);
     rec->error = error;

@@ -44,7 +44,7 @@ struct worker {
   int slots = 0;
   std::string meta = "{}";
   std::map<std::string, open_offer, std::less<>> offers;
-  std::set<std::string, std::less<>> leases;
+  std::map<std::string, std::string, std::less<>> leases;  // task -> its job
 
   int busy() const { return static_cast<int>(offers.size() + leases.size()); }
 };

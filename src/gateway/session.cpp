@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -132,6 +133,15 @@ std::optional<std::int64_t> int_at(dom::element e, std::string_view key) {
   std::int64_t v = 0;
   if (e.at_key(key).get_int64().get(v)) return std::nullopt;
   return v;
+}
+
+// The fence a frame carries (spec §7): its `attempt`, with one no attempt can have (outside
+// 0..INT_MAX) kept as -1, never current, rather than narrowed to one that might be.
+std::optional<int> attempt_of(dom::element frame) {
+  auto a = int_at(frame, "attempt");
+  if (!a) return std::nullopt;
+  if (*a < 0 || *a > std::numeric_limits<int>::max()) return -1;
+  return static_cast<int>(*a);
 }
 
 bool bool_or(dom::element e, std::string_view key, bool fallback) {
@@ -1153,12 +1163,16 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     refresh_entry(me, st);
     if (auto task = string_at(rq.frame, "task")) {
       auto t = task_id::make(*task).value();
-      auto l = gw->timed([&] { return st->b->jobs().heartbeat(t, me.participant); });
-      if (!l) return fail(rq, l.error());
+      auto l = gw->timed(
+          [&] { return st->b->jobs().heartbeat(t, me.participant, attempt_of(rq.frame)); });
+      if (!l) {
+        if (l.error().code() == errc::lease_lost) lease_refused(st, me.participant, t);
+        return fail(rq, l.error());
+      }
       {
         std::lock_guard lock(st->mu);
         auto it = st->workers.find(this);
-        if (it != st->workers.end()) it->second.leases.emplace(t.view());
+        if (it != st->workers.end()) it->second.leases.insert_or_assign(t.str(), l->job);
       }
       json_writer w;
       w.begin_object()
@@ -1169,16 +1183,31 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       w.end_object();
       return reply_members(rq, w.take());
     }
-    auto leases = gw->timed([&] { return st->b->jobs().heartbeat_all(me.participant); });
-    if (!leases) return fail(rq, leases.error());
+    // Only the leases held through this session (spec §4): one claimed in a session that is
+    // gone runs out unless a session adopts it.
+    std::vector<std::string> held;
+    {
+      std::lock_guard lock(st->mu);
+      auto it = st->workers.find(this);
+      if (it != st->workers.end()) {
+        for (const auto& [task, job] : it->second.leases) held.push_back(task);
+      }
+    }
     json_writer w;
     w.begin_object().key("leases").begin_array();
-    for (const auto& l : *leases) {
+    for (const auto& task : held) {
+      auto t = task_id::make(task).value();
+      auto l = gw->timed([&] { return st->b->jobs().heartbeat(t, me.participant); });
+      if (!l) {
+        if (l.error().code() != errc::lease_lost) return fail(rq, l.error());
+        lease_over(st, task, {});
+        continue;
+      }
       w.begin_object()
           .key("task")
-          .string(l.task.view())
+          .string(l->task.view())
           .key("expires_at")
-          .string(format_timestamp(l.expires_at));
+          .string(format_timestamp(l->expires_at));
       w.end_object();
     }
     w.end_array().end_object();
@@ -1187,7 +1216,6 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   void on_who(request& rq) {
     auto here = who();
-    auto& me = here.first;
     auto& st = here.second;
     std::optional<job_name> job;
     if (auto j = string_at(rq.frame, "job")) job = job_name::make(*j).value();
@@ -1202,7 +1230,6 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   void on_watch(request& rq) {
     auto here = who();
-    auto& me = here.first;
     auto& st = here.second;
     auto now = gw->clk->now();
     json_writer w;
@@ -1322,7 +1349,8 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
             std::lock_guard lock(st->mu);
             // Not for a session that closed meanwhile: the lease runs out in the broker.
             auto it = st->workers.find(self.get());
-            if (it != st->workers.end()) it->second.leases.emplace(o.task.task);
+            if (it != st->workers.end())
+              it->second.leases.insert_or_assign(o.task.task, o.task.job);
           }
           self->gw->metrics.transition("running");
           json_writer w;
@@ -1334,7 +1362,6 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   void on_decline(request& rq) {
     auto here = who();
-    auto& me = here.first;
     auto& st = here.second;
     auto task = string_or_empty(rq.frame, "task");
     auto o = take_offer(*st, task);
@@ -1350,18 +1377,31 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     gw->pump(st, job_name::make(o->task.job).value());
   }
 
-  // The lease of `task` is over for this session (completed, failed, lost, released).
+  // The lease of `task` is over for this session (completed, failed, lost, released): its
+  // slot is free, so the job (`job`, or the one the session held it for) is offered again.
   void lease_over(const std::shared_ptr<detail::ns_state>& st, std::string_view task,
                   std::string_view job) {
+    std::string of(job);
     {
       std::lock_guard lock(st->mu);
       auto it = st->workers.find(this);
       if (it != st->workers.end()) {
         auto l = it->second.leases.find(task);
-        if (l != it->second.leases.end()) it->second.leases.erase(l);
+        if (l != it->second.leases.end()) {
+          if (of.empty()) of = l->second;
+          it->second.leases.erase(l);
+        }
       }
     }
-    if (auto j = job_name::make(job)) gw->pump(st, *j);
+    if (auto j = job_name::make(of)) gw->pump(st, *j);
+  }
+
+  // `lease_lost` for `task`: the session's lease is over, unless the participant still holds
+  // it here (the frame named another attempt than the live one).
+  void lease_refused(const std::shared_ptr<detail::ns_state>& st, const participant_name& who,
+                     const task_id& task) {
+    auto held = st->b->jobs().leases_of(who);
+    if (std::find(held.begin(), held.end(), task) == held.end()) lease_over(st, task.view(), {});
   }
 
   void on_complete(request& rq) {
@@ -1379,15 +1419,15 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     }
     auto started = std::chrono::steady_clock::now();
     st->b->jobs().async_complete(
-        t, me.participant, std::string(result_json),
-        [self = shared_from_this(), rq = later(rq), st, t,
+        t, me.participant, std::string(result_json), attempt_of(rq.frame),
+        [self = shared_from_this(), rq = later(rq), st, t, who = me.participant,
          started](result<completion_result> done) {
           self->gw->metrics.backend(seconds_since(started));
           if (!done) {
             self->fail(rq, done.error());
             if (done.error().code() != errc::lease_lost) return;
             // Freeing the slot offers more work, which may block: not on this thread.
-            return self->gw->post([self, st, t] { self->lease_over(st, t.view(), {}); });
+            return self->gw->post([self, st, t, who] { self->lease_refused(st, who, t); });
           }
           if (!done->duplicate) self->gw->metrics.transition("completed");
           json_writer w;
@@ -1413,9 +1453,11 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     }
     auto retry = bool_or(rq.frame, "retry", false);
     auto delay = std::chrono::milliseconds(int_at(rq.frame, "retry_delay_ms").value_or(0));
-    auto r = gw->timed([&] { return st->b->jobs().fail(t, me.participant, err, retry, delay); });
+    auto r = gw->timed([&] {
+      return st->b->jobs().fail(t, me.participant, err, retry, delay, attempt_of(rq.frame));
+    });
     if (!r) {
-      if (r.error().code() == errc::lease_lost) lease_over(st, t.view(), {});
+      if (r.error().code() == errc::lease_lost) lease_refused(st, me.participant, t);
       return fail(rq, r.error());
     }
     gw->metrics.transition(to_string(r->state));
@@ -1473,7 +1515,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       auto it = st->workers.find(this);
       if (it != st->workers.end()) {
         it->second.registered = false;
-        leases.assign(it->second.leases.begin(), it->second.leases.end());
+        for (const auto& [task, job] : it->second.leases) leases.push_back(task);
       }
     }
     auto left = gw->timed([&] { return st->b->registry().leave(me.participant); });

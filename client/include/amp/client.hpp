@@ -195,6 +195,9 @@ struct fail_options {
   bool retry = true;  ///< offer again while attempts are left
   /// Wait before the task is offered again; `std::nullopt`: the server's default.
   std::optional<std::chrono::milliseconds> retry_delay;
+  /// The attempt the claim returned (the fence, §7): `lease_lost` if it is no longer the
+  /// task's current one. `std::nullopt`: not sent.
+  std::optional<int> attempt;
 };
 
 /// The server's answer to a `fail`.
@@ -332,14 +335,17 @@ class client {
   /// `heartbeat` (§4): refreshes the registry entry and extends every lease held; the
   /// reply holds `leases`.
   result<client_frame> heartbeat();
-  /// `heartbeat` (§4) of one task's lease; returns the new `expires_at`.
-  result<std::string> heartbeat(std::string_view task);
+  /// `heartbeat` (§4) of one task's lease, adopting it for this session; returns the new
+  /// `expires_at`. With `attempt` (the claim's), `lease_lost` once it is not current.
+  result<std::string> heartbeat(std::string_view task, std::optional<int> attempt = std::nullopt);
   /// `claim` (§7) an offered task.
   result<claim_receipt> claim(std::string_view task);
   /// `decline` (§7) an offered task.
   result<void> decline(std::string_view task);
-  /// `complete` (§7) a claimed task with `result_json`.
-  result<complete_receipt> complete(std::string_view task, std::string_view result_json);
+  /// `complete` (§7) a claimed task with `result_json`. With `attempt` (the claim's: the
+  /// fence), `lease_lost` when that attempt is no longer the task's current one.
+  result<complete_receipt> complete(std::string_view task, std::string_view result_json,
+                                    std::optional<int> attempt = std::nullopt);
   /// `fail` (§7) a claimed task with an error `code` and `message`.
   result<fail_receipt> fail(std::string_view task, std::string_view code, std::string_view message,
                             const fail_options& options = {});

@@ -86,6 +86,7 @@ struct lease {
   task_id task;
   int attempt = 0;
   time_point expires_at{};
+  std::string job{};  ///< the task's job
 };
 
 /// The outcome of `complete`.
@@ -172,8 +173,10 @@ class job_queue {
   /// Hands an offer back at once (its session went away); no attempt.
   result<void> release(const offer& o);
 
-  /// Extends `who`'s lease on `task`. `lease_lost` when `who` does not hold a live lease.
-  result<lease> heartbeat(const task_id& task, const participant_name& who);
+  /// Extends `who`'s lease on `task`. `lease_lost` when `who` does not hold a live lease,
+  /// or when `attempt` is given and is not the task's current attempt (the fence, spec §7).
+  result<lease> heartbeat(const task_id& task, const participant_name& who,
+                          std::optional<int> attempt = std::nullopt);
   /// Extends every lease `who` holds through this job queue.
   result<std::vector<lease>> heartbeat_all(const participant_name& who);
   /// The leases `who` holds through this job queue.
@@ -182,18 +185,23 @@ class job_queue {
   /// `lease_lost` event. `lease_lost` when `who` does not hold it.
   result<task_record> release_lease(const task_id& task, const participant_name& who);
 
-  /// Completes `task` with `result_json`. Errors: `bad_request` (result not JSON),
-  /// `lease_lost` (not the live holder; nothing is acknowledged), `not_found`.
+  /// Completes `task` with `result_json`. With `attempt`, only that attempt of the task
+  /// (the fence: a holder whose lease moved on to a newer attempt, perhaps its own through
+  /// another process, gets `lease_lost`). Errors: `bad_request` (result not JSON),
+  /// `lease_lost` (not the live holder, or not the current attempt; nothing is
+  /// acknowledged), `not_found`.
   result<completion_result> complete(const task_id& task, const participant_name& who,
-                                     std::string result_json);
+                                     std::string result_json,
+                                     std::optional<int> attempt = std::nullopt);
   /// `complete`, asynchronously: `done` runs on a transport thread or on the executor. A
   /// lease not held through this job queue is completed blocking, on the calling thread.
   void async_complete(const task_id& task, const participant_name& who, std::string result_json,
-                      completion<completion_result> done);
+                      std::optional<int> attempt, completion<completion_result> done);
   /// Fails the current attempt: back to `queued` after `retry_delay` when `retry` and
-  /// attempts are left, else `failed`. Errors as `complete`.
+  /// attempts are left, else `failed`. `attempt` and errors as `complete`.
   result<task_record> fail(const task_id& task, const participant_name& who, task_error error,
-                           bool retry, duration retry_delay);
+                           bool retry, duration retry_delay,
+                           std::optional<int> attempt = std::nullopt);
   /// Cancels a task not yet ended (its submitter or an admin). Errors: `not_found` for
   /// anyone else, `conflict` when it already ended.
   result<task_record> cancel(const task_id& task, const viewer& by);

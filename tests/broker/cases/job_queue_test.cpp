@@ -186,7 +186,7 @@ TEST_CASE("the asynchronous forms: submit, claim and complete, and a change made
   auto l = must(await<lease>([&](auto done) { env.q->async_claim(o, env.w1, std::move(done)); }));
   CHECK(l.attempt == 1);
   auto done = must(await<completion_result>(
-      [&](auto d) { env.q->async_complete(l.task, env.w1, R"({"ok":1})", std::move(d)); }));
+      [&](auto d) { env.q->async_complete(l.task, env.w1, R"({"ok":1})", {}, std::move(d)); }));
   CHECK_FALSE(done.duplicate);
   CHECK(env.record(l.task).state == task_state::completed);
   REQUIRE(eventually([&] { return env.stored_messages() == 0; }));  // acked after the notice
@@ -199,7 +199,7 @@ TEST_CASE("the asynchronous forms: submit, claim and complete, and a change made
   auto l2 = must(env.q->claim(env.one_offer(), env.w1));
   must(other->cancel(id, viewer{.who = env.alice}));
   CHECK(code_of(await<completion_result>([&](auto d) {
-          env.q->async_complete(l2.task, env.w1, "1", std::move(d));
+          env.q->async_complete(l2.task, env.w1, "1", {}, std::move(d));
         })) == errc::lease_lost);
   CHECK(env.record(id).state == task_state::cancelled);
   // And a heartbeat elsewhere (a new revision, same holder) does not stop a complete here,
@@ -210,7 +210,7 @@ TEST_CASE("the asynchronous forms: submit, claim and complete, and a change made
   must(other->heartbeat(id3, env.w1));
   env.advance(env.lease() * 6 / 10);
   CHECK(must(await<completion_result>([&](auto d) {
-          env.q->async_complete(l3.task, env.w1, "2", std::move(d));
+          env.q->async_complete(l3.task, env.w1, "2", {}, std::move(d));
         })).task.state == task_state::completed);
   CHECK(code_of(await<submit_result>([&](auto d) {
           env.q->async_submit({.job = env.job, .from = env.alice, .body = "not json"},
@@ -605,6 +605,77 @@ TEST_CASE("a lease timer that loses its race leaves the new holder's lease alone
   CHECK(env.q->leases_of(env.w2) == std::vector<task_id>{id});
   CHECK(must(env.q->heartbeat_all(env.w2)).size() == 1);
   must(env.q->complete(id, env.w2, "2"));
+}
+
+TEST_CASE("the fence: an attempt that is not the current one gets lease_lost", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  REQUIRE(eventually([&] { return !env.lost().empty(); }));
+  // The same participant claims attempt 2 through another process (job queue).
+  auto other = env.open_queue();
+  auto again = must(other->fetch(env.job, 1, env.fx().real_time() ? env.lease() * 2 : duration{}));
+  REQUIRE(again.size() == 1);
+  auto l = must(other->claim(again.front(), env.w1));
+  REQUIRE(l.attempt == 2);
+
+  CHECK(code_of(env.q->complete(id, env.w1, "1", 1)) == errc::lease_lost);
+  CHECK(code_of(env.q->fail(id, env.w1, {"x", "y"}, true, {}, 1)) == errc::lease_lost);
+  CHECK(code_of(env.q->heartbeat(id, env.w1, 1)) == errc::lease_lost);
+  CHECK(code_of(env.q->complete(id, env.w1, "3", 3)) == errc::lease_lost);
+  auto rec = env.record(id);
+  CHECK(rec.state == task_state::running);
+  CHECK(rec.attempt == 2);
+  CHECK(env.stored_messages() == 1);
+
+  must(env.q->heartbeat(id, env.w1, 2));  // adopts attempt 2 here
+  auto done = must(env.q->complete(id, env.w1, R"("two")", 2));
+  CHECK_FALSE(done.duplicate);
+  CHECK(must(env.q->complete(id, env.w1, R"("two")", 2)).duplicate);
+  CHECK(must(env.q->complete(id, env.w1, R"("two")")).duplicate);
+  CHECK(code_of(env.q->complete(id, env.w1, "1", 1)) == errc::lease_lost);
+  CHECK(env.record(id).result == R"("two")");
+}
+
+TEST_CASE("a lease timer does not take over a newer attempt of the same holder", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  // Elsewhere the lease ran out and w1 claimed attempt 2, with a lease of its own.
+  auto r = must(env.q->store()->get(env.cfg.ns, id));
+  r.attempt = 2;
+  r.lease_expires_at = env.t->clock()->now() + env.lease() * 3;
+  must(env.q->store()->update(r));
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  REQUIRE(eventually([&] { return !env.lost().empty(); }));
+  CHECK(env.lost() == std::vector<std::pair<std::string, std::string>>{{"w1", id.str()}});
+  CHECK(env.q->leases_of(env.w1).empty());
+  auto rec = env.record(id);
+  CHECK(rec.state == task_state::running);  // attempt 2 is left alone
+  CHECK(rec.attempt == 2);
+}
+
+TEST_CASE("a lease timer that cannot read the task looks again until it can", "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  std::atomic<int> refused{0};
+  env.t->set_fault([&](std::string_view op, std::string_view key) -> std::optional<error> {
+    if (op != "kv_get" || key.find(id.view()) == std::string_view::npos) return std::nullopt;
+    ++refused;
+    return error(errc::unavailable, "backend away");
+  });
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  REQUIRE(eventually([&] { return refused > 0; }));
+  CHECK(env.lost().empty());
+  CHECK(env.q->leases_of(env.w1) == std::vector<task_id>{id});  // still its holder's load
+  env.t->set_fault({});
+  env.advance(std::chrono::seconds(2));
+  REQUIRE(eventually([&] { return !env.lost().empty(); }));
+  CHECK(env.lost() == std::vector<std::pair<std::string, std::string>>{{"w1", id.str()}});
+  CHECK(env.q->leases_of(env.w1).empty());
+  CHECK(env.record(id).state == task_state::queued);
 }
 
 TEST_CASE("tasks are visible to their submitter, holders and admins only", "[jobs]") {

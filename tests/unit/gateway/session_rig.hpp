@@ -141,8 +141,13 @@ struct gateway_rig {
   server_config config;
   std::shared_ptr<gateway> gw;
 
-  explicit gateway_rig(const std::function<void(server_config&)>& tweak = {},
-                       std::size_t outbound_limit = 4u << 20, executor run = inline_executor()) {
+  /// `wrap` may put a transport of the test's (one that injects faults, say) over the
+  /// memory transport.
+  explicit gateway_rig(
+      const std::function<void(server_config&)>& tweak = {}, std::size_t outbound_limit = 4u << 20,
+      executor run = inline_executor(),
+      const std::function<std::shared_ptr<transport>(std::shared_ptr<transport>)>& wrap = {}) {
+    if (wrap) backend = wrap(backend);
     config.auth.secret = std::string(k_secret);
     if (tweak) tweak(config);
     gw = must(gateway::open({.config = config,

@@ -6,8 +6,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 
+#include "broker/cases/faulty_transport.hpp"
 #include "unit/gateway/session_rig.hpp"
 
 namespace {
@@ -403,6 +405,93 @@ TEST_CASE(
   REQUIRE(notice);
   CHECK(notice->str("/envelope/type") == "amp.task.failed");
   CHECK(notice->str("/envelope/body/error/code") == "attempts_exhausted");
+}
+
+TEST_CASE(
+    "leases per session: heartbeat extends this session's, a task heartbeat adopts, the fence",
+    "[session]") {
+  gateway_rig rig;
+  auto a = rig.connect("w1");
+  auto b = rig.connect("w1");  // the same participant, another connection
+  REQUIRE(a.request(R"({"op":"register","id":1,"jobs":["resize"]})", "1").op() == "ok");
+  auto producer = rig.connect("prod");
+  auto task =
+      producer.request(R"({"op":"submit","id":2,"job":"resize","body":1})", "2").str("/task");
+  REQUIRE(a.next("offer"));
+  REQUIRE(a.request(R"({"op":"claim","id":3,"task":")" + task + "\"}", "3").num("/attempt") == 1);
+
+  auto mine = a.request(R"({"op":"heartbeat","id":4})", "4");
+  CHECK(mine.str("/leases/0/task") == task);
+  auto none = b.request(R"({"op":"heartbeat","id":5})", "5");
+  REQUIRE(none.op() == "ok");
+  CHECK(none.raw("/leases") == "[]");
+
+  CHECK(
+      b.request(R"({"op":"heartbeat","id":6,"task":")" + task + R"(","attempt":2})", "6").code() ==
+      "lease_lost");
+  CHECK(b.request(R"({"op":"heartbeat","id":7,"task":")" + task + R"(","attempt":"1"})", "7")
+            .code() == "bad_request");
+  CHECK(b.request(R"({"op":"heartbeat","id":8,"task":")" + task + R"(","attempt":4294967297})",
+                  "8")
+            .code() == "lease_lost");  // not narrowed to attempt 1
+  auto adopted =
+      b.request(R"({"op":"heartbeat","id":9,"task":")" + task + R"(","attempt":1})", "9");
+  REQUIRE(adopted.op() == "ok");
+  CHECK(b.request(R"({"op":"heartbeat","id":10})", "10").str("/leases/0/task") == task);
+
+  CHECK(
+      a.request(R"({"op":"complete","id":11,"task":")" + task + R"(","attempt":2})", "11").code() ==
+      "lease_lost");
+  CHECK(a.request(R"({"op":"fail","id":12,"task":")" + task +
+                      R"(","attempt":0,"error":{"code":"x","message":"y"}})",
+                  "12")
+            .code() == "lease_lost");
+  auto record = producer.request(R"({"op":"task","id":13,"task":")" + task + "\"}", "13");
+  CHECK(record.str("/task/state") == "running");
+  auto done = a.request(
+      R"({"op":"complete","id":14,"task":")" + task + R"(","attempt":1,"result":"ok"})", "14");
+  REQUIRE(done.op() == "ok");
+  CHECK(done.str("/state") == "completed");
+}
+
+TEST_CASE("a lease whose end the backend could not judge is judged when it is back: no stall",
+          "[session]") {
+  std::shared_ptr<amp::broker_testing::faulty_transport> faults;
+  gateway_rig rig(
+      [](amp::server_config& c) {
+        c.default_job.lease_s = 10;
+        c.registry_ttl_s = 600;
+      },
+      4u << 20, amp::inline_executor(),
+      [&](std::shared_ptr<amp::transport> inner) {
+        faults = std::make_shared<amp::broker_testing::faulty_transport>(std::move(inner));
+        return faults;
+      });
+  auto worker = rig.connect("w1");
+  REQUIRE(worker.request(R"({"op":"register","id":1,"jobs":["j"],"slots":1})", "1").op() == "ok");
+  auto producer = rig.connect("prod");
+  auto first = producer.request(R"({"op":"submit","id":2,"job":"j","body":1})", "2").str("/task");
+  REQUIRE(worker.next("offer"));
+  REQUIRE(worker.request(R"({"op":"claim","id":3,"task":")" + first + "\"}", "3").op() == "ok");
+  auto second = producer.request(R"({"op":"submit","id":4,"job":"j","body":2})", "4").str("/task");
+  CHECK_FALSE(worker.next("offer"));  // its one slot is taken
+
+  faults->set_fault([](std::string_view op, std::string_view) -> std::optional<amp::error> {
+    if (op == "kv_get") return amp::error(amp::errc::unavailable, "backend away");
+    return std::nullopt;
+  });
+  rig.clock->advance(11s);
+  CHECK_FALSE(worker.next("lease_lost"));
+  faults->set_fault({});
+  rig.clock->advance(2s);
+  auto lost = worker.next("lease_lost");
+  REQUIRE(lost);
+  CHECK(lost->str("/task") == first);
+  rig.clock->advance(2s);
+  auto offer = worker.next("offer");
+  REQUIRE(offer);
+  std::set<std::string> tasks{first, second};
+  CHECK(tasks.contains(offer->str("/task")));
 }
 
 TEST_CASE("decline offers again without an attempt, an unclaimed offer lapses, fail with retry",
