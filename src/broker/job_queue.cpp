@@ -634,7 +634,9 @@ void job_queue::async_submit(submit_request req, completion<submit_result> done)
                                     .msg_id = id.str()},
                                    s_->config.ns.view(), ts);
   if (!env) return done(env.error());
-  if (auto r = s_->ensure_job(req.job); !r) return done(r.error());
+  // No consumer here: the tasks stream keeps the message (work-queue retention) until the
+  // first fetch of the job, by a worker that may take it, makes the job's consumer. A
+  // submitter cannot make consumers by naming jobs nobody works on.
 
   bool created = true;
   if (!req.idempotency_key.empty()) {

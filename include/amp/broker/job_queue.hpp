@@ -142,18 +142,21 @@ class job_queue {
   job_queue& operator=(const job_queue&) = delete;
 
   /// Submits a task. Errors: `bad_request` (body not JSON, max_attempts outside 1..100,
-  /// bad idempotency key), `invalid_envelope` (type, headers), `conflict` when the job's
-  /// consumer exists with another lease, `unavailable`. With an idempotency key already
-  /// bound, returns that task with `created = false` (and finishes its submission if an
+  /// bad idempotency key), `invalid_envelope` (type, headers), `unavailable`. Makes no
+  /// consumer: the job's durable consumer is made by its first `fetch` (a worker's), so
+  /// job names nobody works on cost a stored message each, nothing more. With an idempotency key
+  /// already bound, returns that task with `created = false` (and finishes its submission if an
   /// earlier attempt was cut short).
   result<submit_result> submit(submit_request request);
   /// `submit`, asynchronously: `done` runs on a transport thread, or on the calling thread
   /// when the request is refused before anything is sent. With an idempotency key the key
-  /// is bound first, blocking; the first submit to a job ensures its consumer, blocking.
+  /// is bound first, blocking.
   void async_submit(submit_request request, completion<submit_result> done);
 
   /// Up to `n` offers of `job`: waits up to `max_wait` for the first. Messages whose
-  /// task ended are acknowledged, not offered; see the file comment.
+  /// task ended are acknowledged, not offered; see the file comment. The first fetch of a
+  /// job makes its durable consumer (blocking): `conflict` when it exists with another
+  /// lease. Call it for the jobs a worker may take (the gateway: registered with a grant).
   result<std::vector<offer>> fetch(const job_name& job, std::size_t n, duration max_wait);
   /// The same, completing on the executor.
   void async_fetch(const job_name& job, std::size_t n, duration max_wait,

@@ -678,6 +678,18 @@ TEST_CASE("a lease timer that cannot read the task looks again until it can", "[
   CHECK(env.record(id).state == task_state::queued);
 }
 
+TEST_CASE("submit makes no consumer: the job's first fetch does, and finds the task", "[jobs]") {
+  jobs_env env;
+  auto stream = subjects::tasks_stream(env.cfg.ns);
+  auto consumer = subjects::job_consumer(env.job);
+  auto id = env.submit();
+  CHECK(code_of(env.t->consumer_info_of(stream, consumer)) == errc::not_found);
+  CHECK(env.stored_messages() == 1);
+  auto o = env.one_offer();
+  CHECK(o.task.task == id.str());
+  CHECK(env.t->consumer_info_of(stream, consumer).has_value());
+}
+
 TEST_CASE("tasks are visible to their submitter, holders and admins only", "[jobs]") {
   jobs_env env;
   auto id = env.submit();
