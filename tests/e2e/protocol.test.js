@@ -153,6 +153,10 @@ for (const transport of transports()) {
         ['headers not an object', { op: 'send', to: 'bob', body: 1, headers: 'x' }],
         ['ack seq not an integer', { op: 'ack', seq: 'x' }],
         ['nack delay negative', { op: 'nack', seq: 1, delay_ms: -1 }],
+        // Past a day: refused before it could overflow a duration (UBSan saw it once).
+        ['nack delay 2^53-1', { op: 'nack', seq: 1, delay_ms: 9007199254740991 }],
+        ['fail retry_delay_ms 2^53-1', { op: 'fail', task: 't_x', error: { code: 'x', message: 'y' }, retry_delay_ms: 9007199254740991 }],
+        ['complete attempt a string', { op: 'complete', task: 't_x', attempt: '1' }],
         ['publish without topic', { op: 'publish', body: 1 }],
         ['subscribe from misspelt', { op: 'subscribe', topic: 'news.>', from: { sq: 5 } }],
         ['subscribe from unknown word', { op: 'subscribe', topic: 'news.>', from: 'first' }],

@@ -20,7 +20,7 @@ export AMP_POLICY_RC_D=${work}/policy-rc.d
 
 base_packages=(g++ cmake ninja-build pkg-config git clang-format shellcheck libnats-dev
   libasio-dev libsimdjson-dev libvalijson-dev libssl-dev libfmt-dev libwebsocketpp-dev
-  catch2 nats-server)
+  catch2 nats-server clang-14 libclang-rt-14-dev)
 
 # Runs scripts/install-deps with ARGS on the simulated machine (see run_capture), with
 # every signal at its default disposition, as from a terminal (a shell cannot trap a
