@@ -36,7 +36,7 @@ Options:
                        (default 30); a connection that has not answered with a pong
                        within min(S, 10) seconds is closed (1008)
   --workers N          threads running the sessions' work, 1 to 256 (default 16;
-                       backend calls wait on them)
+                       backend calls wait on them; one session uses at most N/4)
   --help               print this text and exit
   --version            print the version and exit
 

@@ -404,6 +404,7 @@ result<std::shared_ptr<gateway>> gateway::open(gateway_options options) {
       if (auto pool = weak.lock()) pool->post(std::move(work));
     };
   }
+  p->session_threads = static_cast<int>(std::clamp<std::size_t>(p->opts.workers / 4, 1, 64));
   p->check_ready();
   return std::make_shared<gateway>(p);
 }

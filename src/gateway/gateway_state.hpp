@@ -84,6 +84,8 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
   std::map<std::string, json_schema, std::less<>> body_schemas;
   std::shared_ptr<detail::worker_pool> pool;
   executor run;
+  // How many frames of one session may be on the executor's threads at once.
+  int session_threads = 1;
   std::shared_ptr<amp::clock> clk;
   detail::gateway_metrics metrics;
 

@@ -43,7 +43,8 @@ constexpr std::int64_t k_max_safe_integer = 9007199254740991;  // 2^53 - 1
 // bound.
 constexpr std::size_t k_max_inbound_frames = 8192;
 constexpr std::size_t k_min_inbound_bytes = 64u << 20;
-// The most frames of one session that run at once (on different lanes).
+// The most frames of one session that run at once (on different lanes), waiting for the
+// backend included.
 constexpr int k_max_running = 64;
 // What an op takes from the participant's ops bucket: nothing for hello and bye, nor for
 // the ops the spec's rate limits (admit), the most for those that touch the whole registry.
@@ -232,6 +233,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   std::deque<inbound_frame> inbound;
   std::size_t inbound_bytes = 0;
   int running = 0;               // frames handed to the executor and not finished
+  int on_threads = 0;            // of those, frames not yet returned from the executor
   bool barrier_running = false;  // one of them is a barrier
   std::set<std::string, std::less<>> busy_lanes;
 
@@ -406,9 +408,13 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
         barrier_running = true;
       } else {
         if (barrier_running || running >= k_max_running) break;
+        // A frame may hold its executor thread while it waits for the backend: one session
+        // takes no more than its share of the threads, whatever it sends.
+        if (on_threads >= gw->session_threads) break;
         if (!f.lane.empty() && !busy_lanes.insert(f.lane).second) break;
       }
       ++running;
+      ++on_threads;
       inbound_bytes -= f.text.size();
       out.push_back(std::move(f));
       inbound.pop_front();
@@ -434,8 +440,20 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
           self->gw->in_flight.fetch_sub(1);
         });
         self->process(text, std::move(hold));
+        self->left_thread();
       });
     }
+  }
+
+  // A frame's work on the executor returned (its answer may still be on its way).
+  void left_thread() {
+    std::vector<inbound_frame> start;
+    {
+      std::lock_guard lock(in_mu);
+      --on_threads;
+      start = startable();
+    }
+    run(std::move(start));
   }
 
   void finished(const inbound_frame& f) {

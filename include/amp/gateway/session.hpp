@@ -96,6 +96,10 @@ struct gateway_options {
   /// `inline_executor()` runs everything on the calling thread (memory transport only; for
   /// deterministic tests).
   executor run{};
+  /// The threads of the gateway's pool, or, with `run`, how many threads `run` has. One
+  /// session has at most `workers / 4` frames (at least 1) on the executor at once, so
+  /// that a session whose frames wait for the backend cannot hold every thread; up to
+  /// 64 more of its frames may be waiting for the backend without a thread.
   std::size_t workers = 16;
   /// A session whose carrier holds more than this is a slow consumer: its topic
   /// subscriptions are dropped (`sub_dropped`) rather than queue more events; when it

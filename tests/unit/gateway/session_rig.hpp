@@ -142,11 +142,12 @@ struct gateway_rig {
   std::shared_ptr<gateway> gw;
 
   /// `wrap` may put a transport of the test's (one that injects faults, say) over the
-  /// memory transport.
+  /// memory transport; `workers` is what the gateway is told `run` has.
   explicit gateway_rig(
       const std::function<void(server_config&)>& tweak = {}, std::size_t outbound_limit = 4u << 20,
       executor run = inline_executor(),
-      const std::function<std::shared_ptr<transport>(std::shared_ptr<transport>)>& wrap = {}) {
+      const std::function<std::shared_ptr<transport>(std::shared_ptr<transport>)>& wrap = {},
+      std::size_t workers = 16) {
     if (wrap) backend = wrap(backend);
     config.auth.secret = std::string(k_secret);
     if (tweak) tweak(config);
@@ -154,6 +155,7 @@ struct gateway_rig {
                              .backend = backend,
                              .server_name = "amp-test/1",
                              .run = std::move(run),
+                             .workers = workers,
                              .outbound_limit_bytes = outbound_limit}));
   }
   ~gateway_rig() { gw->shutdown(); }

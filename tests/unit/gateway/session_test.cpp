@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -819,6 +820,34 @@ TEST_CASE("frames of a session run concurrently across lanes, in order within on
   alice.send(R"({"op":"submit","id":7,"job":"j","body":7})");
   pool.drain();
   CHECK(ids_of(alice, "ok") == std::vector<std::string>{"5", "6", "7"});
+}
+
+TEST_CASE("one session has at most a quarter of the executor's threads, however many frames",
+          "[session]") {
+  lifo_executor pool;
+  gateway_rig rig({}, 4u << 20, pool.run(), {}, 8);  // 8 threads: 2 per session
+  auto connect = [&](std::string_view sub) {
+    auto w = rig.open();
+    w.send(R"({"op":"hello","id":"h","token":")" + rig.token(sub) + "\"}");
+    pool.drain();
+    REQUIRE(ids_of(w, "ok") == std::vector<std::string>{"\"h\""});
+    w.seen.clear();
+    return w;
+  };
+  auto alice = connect("alice");
+  auto bob = connect("bob");
+  // Ten frames on ten tasks: ten lanes, nothing orders them, yet two are on the executor.
+  for (int i = 1; i <= 10; ++i) {
+    alice.send(fmt::format(R"({{"op":"task","id":{0},"task":"t_{0}"}})", i));
+  }
+  CHECK(pool.queue->size() == 2);
+  bob.send(R"({"op":"who","id":"b"})");
+  CHECK(pool.queue->size() == 3);  // another session is not held up behind them
+  pool.drain();
+  CHECK(ids_of(bob, "ok") == std::vector<std::string>{"\"b\""});
+  auto answered = ids_of(alice, "error");
+  CHECK(answered.size() == 10);
+  for (auto& f : alice.seen) CHECK(f.code() == "not_found");
 }
 
 TEST_CASE("members a participant controls are bounded: meta, jobs, headers, errors, delays",
