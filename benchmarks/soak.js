@@ -22,13 +22,13 @@ const { spawn, execFileSync } = require('node:child_process');
 const crypto = require('node:crypto');
 const fs = require('node:fs');
 const http = require('node:http');
-const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
 const { performance } = require('node:perf_hooks');
 
 const REPO = path.resolve(__dirname, '..');
 const jwt = require(path.join(REPO, 'tests', 'e2e', 'lib', 'jwt.js'));
+const { freePort } = require(path.join(REPO, 'tests', 'e2e', 'lib', 'ports.js'));
 
 function loadWs() {
   try {
@@ -147,18 +147,6 @@ function slope(xs, ys) {
     sxx += (xs[i] - mx) ** 2;
   }
   return sxx === 0 ? NaN : sxy / sxx;
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.unref();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 /** GET url → {status, body}; one request per connection (websocketpp closes after one). */

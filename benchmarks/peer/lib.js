@@ -10,6 +10,8 @@ const os = require('node:os');
 const path = require('node:path');
 const { performance, monitorEventLoopDelay } = require('node:perf_hooks');
 
+const { freePort } = require('../../tests/e2e/lib/ports');
+
 const now = () => performance.now(); // milliseconds, fractional
 
 // ---------------------------------------------------------------------------------------
@@ -59,18 +61,6 @@ function makeTempDir(prefix) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
   tempDirs.add(dir);
   return dir;
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
 }
 
 function sleep(ms) {

@@ -444,10 +444,17 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   result<task_record> latest(const task_id& task, const participant_name& who, int round,
                              std::optional<int> attempt = std::nullopt) {
     if (round == 0) {
-      auto w = written_live(task.view(), who);
-      if (w && (!attempt || w->attempt == *attempt)) return std::move(*w);
+      if (auto w = written_for(task.view(), who, attempt)) return std::move(*w);
     }
     return store->get(config.ns, task);
+  }
+
+  // `written_live`, unless the caller names another attempt than the one written.
+  std::optional<task_record> written_for(std::string_view task, const participant_name& who,
+                                         std::optional<int> attempt) {
+    auto w = written_live(task, who);
+    if (w && attempt && w->attempt != *attempt) return std::nullopt;
+    return w;
   }
 
   // The record of `task` if `who` holds a live lease on it (see `latest`).
@@ -782,6 +789,12 @@ std::vector<task_id> job_queue::leases_of(const participant_name& who) const {
   return out;
 }
 
+bool job_queue::holds(const task_id& task, const participant_name& who) const {
+  std::lock_guard lock(s_->mu);
+  auto it = s_->leases.find(task.view());
+  return it != s_->leases.end() && it->second.holder == who;
+}
+
 result<std::vector<lease>> job_queue::heartbeat_all(const participant_name& who) {
   std::vector<lease> out;
   for (const auto& task : leases_of(who)) {
@@ -826,10 +839,8 @@ void job_queue::async_complete(const task_id& task, const participant_name& who,
   if (auto r = json_check(result_json); !r) {
     return done(unexpected(errc::bad_request, "result: " + r.error().message()));
   }
-  auto rec = s_->written_live(task.view(), who);
-  if (!rec || (attempt && rec->attempt != *attempt)) {
-    return done(s_->complete_from(task, who, result_json, attempt, 1));
-  }
+  auto rec = s_->written_for(task.view(), who, attempt);
+  if (!rec) return done(s_->complete_from(task, who, result_json, attempt, 1));
   if (auto answer = s_->completing(*rec, task, who, result_json, attempt)) {
     return done(std::move(*answer));
   }

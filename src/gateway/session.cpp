@@ -1418,8 +1418,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // it here (the frame named another attempt than the live one).
   void lease_refused(const std::shared_ptr<detail::ns_state>& st, const participant_name& who,
                      const task_id& task) {
-    auto held = st->b->jobs().leases_of(who);
-    if (std::find(held.begin(), held.end(), task) == held.end()) lease_over(st, task.view(), {});
+    if (!st->b->jobs().holds(task, who)) lease_over(st, task.view(), {});
   }
 
   void on_complete(request& rq) {

@@ -184,6 +184,9 @@ class job_queue {
   result<std::vector<lease>> heartbeat_all(const participant_name& who);
   /// The leases `who` holds through this job queue.
   std::vector<task_id> leases_of(const participant_name& who) const;
+  /// Whether `who` holds the lease on `task` through this job queue (as `leases_of` would
+  /// list it), without listing the others.
+  bool holds(const task_id& task, const participant_name& who) const;
   /// Gives up `who`'s lease on `task` now (bye): as if it expired, but without a
   /// `lease_lost` event. `lease_lost` when `who` does not hold it.
   result<task_record> release_lease(const task_id& task, const participant_name& who);

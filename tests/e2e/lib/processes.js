@@ -10,9 +10,10 @@
 
 const { spawn } = require('node:child_process');
 const fs = require('node:fs');
-const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
+
+const { freePort } = require('./ports.js');
 
 const SETPRIV = ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => fs.existsSync(p));
 
@@ -90,19 +91,6 @@ function makeTempDir(prefix) {
 function removeDir(dir) {
   dirs.delete(dir);
   fs.rmSync(dir, { recursive: true, force: true });
-}
-
-/** A loopback TCP port that was free a moment ago (the callers retry when it is taken). */
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = net.createServer();
-    server.unref();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
 }
 
 /**

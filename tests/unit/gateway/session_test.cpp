@@ -777,22 +777,24 @@ std::vector<std::string> ids_of(wire& w, std::string_view op) {
   return out;
 }
 
+// A session that said hello as `sub`, on a gateway whose executor is `pool`.
+wire connect_through(const lifo_executor& pool, gateway_rig& rig, std::string_view sub) {
+  auto w = rig.open();
+  w.send(R"({"op":"hello","id":"h","token":")" + rig.token(sub) + "\"}");
+  pool.drain();
+  REQUIRE(ids_of(w, "ok") == std::vector<std::string>{"\"h\""});
+  w.seen.clear();
+  return w;
+}
+
 }  // namespace
 
 TEST_CASE("frames of a session run concurrently across lanes, in order within one, barriers alone",
           "[session]") {
   lifo_executor pool;
   gateway_rig rig({}, 4u << 20, pool.run());
-  auto connect = [&](std::string_view sub) {
-    auto w = rig.open();
-    w.send(R"({"op":"hello","id":"h","token":")" + rig.token(sub) + "\"}");
-    pool.drain();
-    REQUIRE(ids_of(w, "ok") == std::vector<std::string>{"\"h\""});
-    w.seen.clear();
-    return w;
-  };
-  auto alice = connect("alice");
-  auto bob = connect("bob");
+  auto alice = connect_through(pool, rig, "alice");
+  auto bob = connect_through(pool, rig, "bob");
 
   // Two submits keep no order: run newest first, their replies come newest first.
   alice.send(R"({"op":"submit","id":1,"job":"j","body":1})");
@@ -826,16 +828,8 @@ TEST_CASE("one session has at most a quarter of the executor's threads, however 
           "[session]") {
   lifo_executor pool;
   gateway_rig rig({}, 4u << 20, pool.run(), {}, 8);  // 8 threads: 2 per session
-  auto connect = [&](std::string_view sub) {
-    auto w = rig.open();
-    w.send(R"({"op":"hello","id":"h","token":")" + rig.token(sub) + "\"}");
-    pool.drain();
-    REQUIRE(ids_of(w, "ok") == std::vector<std::string>{"\"h\""});
-    w.seen.clear();
-    return w;
-  };
-  auto alice = connect("alice");
-  auto bob = connect("bob");
+  auto alice = connect_through(pool, rig, "alice");
+  auto bob = connect_through(pool, rig, "bob");
   // Ten frames on ten tasks: ten lanes, nothing orders them, yet two are on the executor.
   for (int i = 1; i <= 10; ++i) {
     alice.send(fmt::format(R"({{"op":"task","id":{0},"task":"t_{0}"}})", i));
