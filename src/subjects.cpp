@@ -142,6 +142,16 @@ std::string job_consumer(const job_name& job) {
   return prefixed("job_", job.view());
 }
 
+std::string ended_stream(const namespace_name& ns) {
+  return prefixed("AMP_ENDED_", ns.view());
+}
+std::string ended_subject(const namespace_name& ns) {
+  return ns_subject(ns, "task", "ended");
+}
+std::string sweeper_consumer() {
+  return "sweeper";
+}
+
 std::string topics_stream(const namespace_name& ns) {
   return prefixed("AMP_TOPICS_", ns.view());
 }

@@ -56,6 +56,19 @@ std::string job_subject(const namespace_name& ns, const job_name& job);
 std::string job_consumer(const job_name& job);
 ///@}
 
+/// \name Task ends
+/// Stream `AMP_ENDED_<ns>` with subject `amp.<ns>.task.ended`: one message per task that
+/// ended, work-queue retention, one durable consumer `sweeper` through which the task
+/// store removes the task's record and idempotency binding once its retention has passed.
+///@{
+/// `AMP_ENDED_<ns>`.
+std::string ended_stream(const namespace_name& ns);
+/// `amp.<ns>.task.ended`, the one subject of the task-ends stream.
+std::string ended_subject(const namespace_name& ns);
+/// `sweeper`, the durable consumer of the task-ends stream.
+std::string sweeper_consumer();
+///@}
+
 /// \name Topics
 /// Stream `AMP_TOPICS_<ns>` with subjects `amp.<ns>.topic.>`; one consumer per
 /// subscriber, filtered on its pattern.

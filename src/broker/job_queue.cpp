@@ -492,6 +492,13 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     return r;
   }
 
+  // Whether `now` is `offered` at another revision, nothing else changed.
+  static bool stale_revision_only(const task_record& offered, task_record now) {
+    if (now.revision == offered.revision) return false;
+    now.revision = offered.revision;
+    return now == offered;
+  }
+
   // The answer to a claim once its write is done. A lost compare-and-set is read (blocking):
   // it may have been lost to this very claim, sent before.
   result<lease> claimed(const offer& o, const participant_name& who, result<task_record> stored) {
@@ -504,6 +511,18 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
           now_rec->ack_token == o.msg.ack_token) {
         return lease{*task, now_rec->attempt, now_rec->lease_expires_at,
                      now_rec->job};  // a repeated claim
+      }
+      if (now_rec && stale_revision_only(o.task, *now_rec)) {
+        // The offer was read at a revision the store does not have (a replica behind or
+        // astray; the read above went to the leader): nothing changed, so claim again.
+        offer again = o;
+        again.task = *now_rec;
+        auto r = claim_record(again, who);
+        if (!r) return r.error();
+        auto retried = store->update(std::move(*r));
+        if (retried || retried.error().code() != errc::conflict) {
+          return claimed(again, who, std::move(retried));
+        }
       }
       return unexpected(errc::conflict, fmt::format("task {} moved on", o.task.task));
     }
@@ -646,9 +665,11 @@ void job_queue::async_submit(submit_request req, completion<submit_result> done)
   // submitter cannot make consumers by naming jobs nobody works on.
 
   bool created = true;
+  std::string idem_key;
   if (!req.idempotency_key.empty()) {
     auto bound = s_->store->bind_idempotency_key(s_->config.ns, req.from, req.idempotency_key, id);
     if (!bound) return done(bound.error());
+    idem_key = bound->key;
     if (!bound->bound) {
       created = false;
       id = bound->task;
@@ -674,6 +695,7 @@ void job_queue::async_submit(submit_request req, completion<submit_result> done)
   r.submitted_by = req.from.str();
   r.created_at = env->ts;
   r.updated_at = env->ts;
+  r.idem_key = std::move(idem_key);
   std::weak_ptr<state> weak = s_;
   s_->t->async_publish(
       std::move(msg), [weak, r = std::move(r), id, created,

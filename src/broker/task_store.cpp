@@ -3,7 +3,10 @@
 #include <openssl/evp.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <array>
+#include <mutex>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -34,6 +37,13 @@ namespace {
 
 constexpr int k_history = 64;
 constexpr std::size_t k_max_idempotency_key = 256;
+
+// The sweeper: ends taken per fetch, held at most (each until its time comes), and how
+// long it waits when there is nothing to take or the backend failed.
+constexpr std::size_t k_sweep_batch = 128;
+constexpr std::int64_t k_sweep_pending = 1024;
+constexpr duration k_sweep_idle = std::chrono::minutes(10);
+constexpr duration k_sweep_retry = std::chrono::seconds(5);
 
 std::optional<task_state> state_from(std::string_view s) {
   for (auto st : {task_state::queued, task_state::running, task_state::completed,
@@ -90,6 +100,7 @@ std::string write_record(const task_record& r, bool stored) {
     w.end_array();
     w.key("ack").string(r.ack_token);
     w.key("job_seq").integer(r.job_seq);
+    if (!r.idem_key.empty()) w.key("idem").string(r.idem_key);
   } else {
     w.key("revision").integer(r.revision);
   }
@@ -179,22 +190,177 @@ result<task_record> parse_task_record(std::string_view json) {
     }
   }
   r.ack_token = string_member(o, "ack");
+  r.idem_key = string_member(o, "idem");
   std::uint64_t seq = 0;
   if (o["job_seq"].get(seq) == simdjson::SUCCESS) r.job_seq = seq;
   return r;
 }
 
+// Takes the ends of a namespace's tasks from `AMP_ENDED_<ns>` once their retention has
+// passed and removes each task's binding and record. An end not yet due is handed back
+// with a delay that brings it again when it is; the ends arrive in the order the tasks
+// ended, so the sweeper then waits for the first of them.
+class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
+ public:
+  sweeper(std::shared_ptr<transport> t, std::string bucket, namespace_name ns, duration retention,
+          executor run, std::shared_ptr<detail::worker_pool> pool)
+      : t_(std::move(t)),
+        clock_(t_->clock()),
+        bucket_(std::move(bucket)),
+        ns_(std::move(ns)),
+        stream_(subjects::ended_stream(ns_)),
+        retention_(retention),
+        run_(std::move(run)),
+        pool_(std::move(pool)) {}
+
+  void start() { arm(clock_->now()); }
+
+  void stop() {
+    std::lock_guard lock(mu_);
+    stopped_ = true;
+    if (timer_ != 0) clock_->cancel(timer_);
+    timer_ = 0;
+  }
+
+ private:
+  enum class outcome { removed, later, failed };
+
+  void arm(time_point at) {
+    std::lock_guard lock(mu_);
+    if (stopped_) return;
+    if (timer_ != 0) clock_->cancel(timer_);
+    std::weak_ptr<sweeper> weak = weak_from_this();
+    // The clock's thread only hands the work over: sweeping blocks on the backend.
+    timer_ = clock_->call_at(at, [weak] {
+      auto self = weak.lock();
+      if (!self) return;
+      self->run_([weak] {
+        if (auto s = weak.lock()) s->fetch();
+      });
+    });
+  }
+
+  void fetch() {
+    {
+      std::lock_guard lock(mu_);
+      if (stopped_) return;
+      timer_ = 0;
+    }
+    std::weak_ptr<sweeper> weak = weak_from_this();
+    t_->async_fetch(stream_, subjects::sweeper_consumer(), {.batch = k_sweep_batch},
+                    [weak](result<std::vector<message>> got) {
+                      auto self = weak.lock();
+                      if (!self) return;
+                      self->run_([weak, got = std::move(got)]() mutable {
+                        if (auto s = weak.lock()) s->sweep(std::move(got));
+                      });
+                    });
+  }
+
+  void sweep(result<std::vector<message>> got) {
+    if (!got) return arm(clock_->now() + k_sweep_retry);
+    if (got->empty()) return arm(clock_->now() + std::min(retention_, k_sweep_idle));
+    auto next = time_point::max();
+    bool failed = false;
+    for (const auto& m : *got) {
+      auto now = clock_->now();
+      auto due = m.time + retention_;
+      if (!failed && due <= now) {
+        auto [what, at] = remove(m.data, now);
+        if (what == outcome::removed) {
+          t_->async_acknowledge(m, ack_kind::ack, {}, [](result<void>) {});
+          continue;
+        }
+        failed = what == outcome::failed;
+        due = failed ? now + k_sweep_retry : at;
+      }
+      if (failed) due = std::min(due, now + k_sweep_retry);
+      next = std::min(next, due);
+      t_->async_acknowledge(m, ack_kind::nak, due - now, [](result<void>) {});
+    }
+    if (next == time_point::max()) return fetch();  // all taken: there may be more
+    arm(std::min(next, clock_->now() + k_sweep_idle));
+  }
+
+  // Removes the ended task `text` (its binding first: a binding whose record is gone
+  // would make a resubmission finish the old task instead of starting a new one).
+  std::pair<outcome, time_point> remove(const std::string& text, time_point now) {
+    auto id = task_id::make(text);
+    if (!id) return {outcome::removed, {}};  // not an end of ours: drop it
+    auto key = subjects::task_key(ns_, *id);
+    auto entry = t_->kv_get(bucket_, key);
+    if (!entry) {
+      if (entry.error().code() == errc::not_found) return {outcome::removed, {}};
+      return {outcome::failed, {}};
+    }
+    auto rec = parse_task_record(entry->value);
+    // Not ended (an end whose write lost its race): the write that ends it sends another.
+    if (!rec || !is_terminal(rec->state)) return {outcome::removed, {}};
+    if (auto until = rec->updated_at + retention_; until > now) return {outcome::later, until};
+    if (!rec->idem_key.empty()) {
+      auto bound = t_->kv_get(bucket_, rec->idem_key);
+      if (bound && bound->value == id->view()) {
+        if (!t_->kv_erase(bucket_, rec->idem_key)) return {outcome::failed, {}};
+      } else if (!bound && bound.error().code() != errc::not_found) {
+        return {outcome::failed, {}};
+      }
+    }
+    if (!t_->kv_erase(bucket_, key)) return {outcome::failed, {}};
+    return {outcome::removed, {}};
+  }
+
+  std::shared_ptr<transport> t_;
+  std::shared_ptr<amp::clock> clock_;
+  std::string bucket_;
+  namespace_name ns_;
+  std::string stream_;
+  duration retention_;
+  executor run_;
+  std::shared_ptr<detail::worker_pool> pool_;
+  std::mutex mu_;
+  bool stopped_ = false;
+  timer_id timer_ = 0;
+};
+
 task_store::task_store(std::shared_ptr<transport> t, std::string bucket)
     : transport_(std::move(t)), bucket_(std::move(bucket)) {}
 
+task_store::~task_store() {
+  if (sweeper_) sweeper_->stop();
+}
+
 result<std::shared_ptr<task_store>> task_store::open(std::shared_ptr<transport> t,
                                                      const broker_config& config) {
+  if (config.task_retention < duration::zero()) {
+    return unexpected(errc::bad_request, "task_retention must not be negative");
+  }
   kv_config kv{.bucket = subjects::task_state_bucket(),
                .history = k_history,
                .storage = config.storage,
                .replicas = config.replicas};
   if (auto r = t->ensure_bucket(kv); !r) return r.error();
-  return std::make_shared<task_store>(std::move(t), kv.bucket);
+  auto store = std::make_shared<task_store>(t, kv.bucket);
+  if (config.task_retention == duration::zero()) return store;
+  stream_config ends{.name = subjects::ended_stream(config.ns),
+                     .subjects = {subjects::ended_subject(config.ns)},
+                     .retention = retention_policy::work_queue,
+                     .storage = config.storage,
+                     .duplicate_window = config.duplicate_window,
+                     .replicas = config.replicas};
+  if (auto r = t->ensure_stream(ends); !r) return r.error();
+  if (auto r = t->ensure_consumer({.stream = ends.name,
+                                   .durable = subjects::sweeper_consumer(),
+                                   .ack_wait = std::chrono::minutes(1),
+                                   .max_ack_pending = k_sweep_pending});
+      !r) {
+    return r.error();
+  }
+  std::shared_ptr<detail::worker_pool> pool;
+  auto run = detail::executor_for(config, pool);
+  store->sweeper_ = std::make_shared<sweeper>(
+      std::move(t), kv.bucket, config.ns, config.task_retention, std::move(run), std::move(pool));
+  store->sweeper_->start();
+  return store;
 }
 
 task_id task_store::new_id() const {
@@ -291,6 +457,26 @@ result<task_record> task_store::update(task_record r) {
 void task_store::async_update(task_record r, completion<task_record> done) {
   std::string key;
   if (auto k = key_of(r, key); !k) return done(k.error());
+  if (sweeper_ && is_terminal(r.state)) {
+    // The end first: a record that ends is always swept in time, whatever fails after.
+    auto ns = *namespace_name::make(r.ns);
+    outgoing_message end{.subject = subjects::ended_subject(ns),
+                         .data = r.task,
+                         .msg_id = fmt::format("{}.{}", r.task, r.revision)};
+    std::weak_ptr<task_store> weak = weak_from_this();
+    return transport_->async_publish(
+        std::move(end), [weak, r = std::move(r), key = std::move(key),
+                         done = std::move(done)](result<publish_ack> sent) mutable {
+          if (!sent) return done(std::move(sent).error());
+          auto self = weak.lock();
+          if (!self) return done(unexpected(errc::unavailable, "the task store is closed"));
+          self->write(std::move(r), key, std::move(done));
+        });
+  }
+  write(std::move(r), key, std::move(done));
+}
+
+void task_store::write(task_record r, const std::string& key, completion<task_record> done) {
   auto value = write_record(r, true);
   auto expected = r.revision;
   transport_->async_kv_update(
@@ -332,13 +518,13 @@ result<task_store::binding> task_store::bind_idempotency_key(const namespace_nam
   auto kv_key = subjects::idempotency_key(ns, sha256_hex(submitter.view(), key));
   for (int round = 0; round < 3; ++round) {
     auto created = transport_->kv_create(bucket_, kv_key, proposed.str());
-    if (created) return binding{proposed, true};
+    if (created) return binding{proposed, true, kv_key};
     if (created.error().code() != errc::conflict) return created.error();
     auto existing = transport_->kv_get(bucket_, kv_key);
     if (existing) {
       auto id = task_id::make(existing->value);
       if (!id) return unexpected(errc::internal, "idempotency index holds a bad task id");
-      return binding{*id, false};
+      return binding{*id, false, kv_key};
     }
     if (existing.error().code() != errc::not_found) return existing.error();
   }

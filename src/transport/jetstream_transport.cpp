@@ -85,6 +85,7 @@ constexpr int k_wrong_last_sequence = 10071;
 constexpr int k_stream_name_in_use = 10058;
 constexpr int k_subjects_overlap = 10065;
 constexpr int k_jetstream_not_enabled = 10076;  // what an election looks like to cnats
+constexpr int k_jetstream_unavailable = 10008;  // "temporarily unavailable": no quorum yet
 constexpr int k_wq_consumer_not_unique = 10100;
 constexpr int k_message_too_large = 10054;
 constexpr int k_stream_store_failed = 10077;
@@ -102,7 +103,8 @@ errc code_for_js_error(int err_code, std::string_view description) {
     case k_wq_consumer_not_unique: return errc::conflict;
     case k_message_too_large: return errc::payload_too_large;
     case k_stream_subjects_overlap_self: return errc::bad_request;
-    case k_jetstream_not_enabled: return errc::unavailable;
+    case k_jetstream_not_enabled:
+    case k_jetstream_unavailable: return errc::unavailable;
     default: break;
   }
   if (description.find("maximum messages") != std::string_view::npos ||
@@ -958,6 +960,27 @@ class jetstream_backend final : public transport,
     auto existing = stream_info_of(config.name);
     if (existing) return compare(*existing, config);
     if (existing.error().code() != errc::not_found) return existing.error();
+    auto made = write_stream(config, false);
+    // Another process may have created it in the meantime: compare with what is there.
+    if (!made && made.error().code() == errc::conflict) {
+      if (auto now = stream_info_of(config.name)) return compare(*now, config);
+    }
+    return made;
+  }
+
+  result<stream_info> update_stream(const stream_config& config) override {
+    if (auto r = detail::validate(config); !r) return r.error();
+    auto existing = stream_info_of(config.name);
+    if (!existing) return existing.error();
+    if (auto fixed = detail::fixed_setting_change(existing->config, config); !fixed.empty()) {
+      return unexpected(errc::conflict,
+                        fmt::format("stream \"{}\": its {} cannot be changed", config.name, fixed));
+    }
+    return write_stream(config, true);
+  }
+
+  // Creates the stream, or updates it, and reads it back.
+  result<stream_info> write_stream(const stream_config& config, bool update) {
     std::vector<const char*> subjects;
     for (const auto& s : config.subjects) subjects.push_back(s.c_str());
     jsStreamConfig sc;
@@ -976,18 +999,13 @@ class jetstream_backend final : public transport,
     sc.Duplicates = to_ns(normalized(config).duplicate_window);
     sc.Replicas = config.replicas;
     jsStreamInfo* si = nullptr;
-    auto r = with_retry("create stream " + config.name, [&](jsErrCode& ec) {
-      return js_AddStream(&si, conn_->js(), &sc, nullptr, &ec);
-    });
+    auto r = with_retry((update ? "update stream " : "create stream ") + config.name,
+                        [&](jsErrCode& ec) {
+                          return update ? js_UpdateStream(&si, conn_->js(), &sc, nullptr, &ec)
+                                        : js_AddStream(&si, conn_->js(), &sc, nullptr, &ec);
+                        });
     if (si) jsStreamInfo_Destroy(si);
-    if (!r) {
-      // Another process may have created it in the meantime: compare with what is there.
-      if (r.error().code() == errc::conflict) {
-        auto now = stream_info_of(config.name);
-        if (now) return compare(*now, config);
-      }
-      return r.error();
-    }
+    if (!r) return r.error();
     auto now = stream_info_of(config.name);
     if (!now) return now.error();
     now->config = config;
@@ -1391,6 +1409,36 @@ class jetstream_backend final : public transport,
                        completion<void> done) override {
     done = detail::guarded(std::move(done), sink_, "kv_delete");
     kv_marker(bucket, key, {{std::string(k_kv_op), "DEL"}}, std::move(done));
+  }
+
+  // A stream purge filtered on the key's subject: every revision goes, no marker is left.
+  void async_kv_erase(std::string_view bucket, std::string_view key,
+                      completion<void> done) override {
+    done = detail::guarded(std::move(done), sink_, "kv_erase");
+    if (auto r = check_kv(bucket, key, std::nullopt); !r) return done(r.error());
+    auto self = shared_from_this();
+    std::string b(bucket);
+    std::string subject = fmt::format("$JS.API.STREAM.PURGE.{}", kv_stream(b));
+    conn_->request(
+        std::move(subject), fmt::format(R"({{"filter":{}}})", json_quote(kv_subject(b, key))), {},
+        conn_->deadline(),
+        [self, b, key = std::string(key), done = std::move(done)](result<nats_reply> r) {
+          if (!r) return done(std::move(r).error());
+          simdjson::dom::element doc;
+          if (local_parser().parse(r->data).get(doc) != simdjson::SUCCESS) {
+            return done(unexpected(
+                errc::internal,
+                fmt::format("erase of key \"{}\": JetStream answered with bad JSON", key)));
+          }
+          if (auto e = api_error(doc, fmt::format("erase of key \"{}\"", key))) {
+            if (e->code() == errc::not_found) {
+              self->forget_bucket(b);
+              return done(unexpected(errc::not_found, fmt::format("bucket \"{}\" not found", b)));
+            }
+            return done(std::move(*e));
+          }
+          done({});
+        });
   }
 
   // The marker, then each earlier revision deleted by its sequence; a rollup where the
@@ -2144,7 +2192,7 @@ class jetstream_backend final : public transport,
                   header_list headers, completion<std::uint64_t> done) {
     auto self = shared_from_this();
     publish_to(kv_subject(bucket, key), std::move(value), std::move(headers),
-               [bucket, key, done = std::move(done)](result<publish_ack> r) {
+               [self, bucket, key, done = std::move(done)](result<publish_ack> r) {
                  if (!r) {
                    auto e = std::move(r).error();
                    if (e.code() == errc::not_found) {
@@ -2152,6 +2200,7 @@ class jetstream_backend final : public transport,
                                             fmt::format("bucket \"{}\" not found", bucket)));
                    }
                    if (e.code() == errc::conflict) {
+                     self->read_from_leader(bucket, key);
                      return done(unexpected(errc::conflict,
                                             fmt::format("key \"{}\": {}", key, e.message())));
                    }
@@ -2224,10 +2273,36 @@ class jetstream_backend final : public transport,
         });
   }
 
+  // A compare-and-set on the key was refused: for a while its reads go to the stream's
+  // leader. A direct get may be answered by any replica, and nats-server 2.9.10 can bring a
+  // restarted node back with a replica whose sequences differ from the leader's: read there,
+  // the key's revision never matches, and every compare-and-set on it would be refused.
+  void read_from_leader(const std::string& bucket, const std::string& key) {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(leader_reads_mu_);
+    if (leader_reads_.size() >= k_leader_reads_max) {
+      std::erase_if(leader_reads_, [now](const auto& kv) { return kv.second <= now; });
+      if (leader_reads_.size() >= k_leader_reads_max) leader_reads_.clear();
+    }
+    leader_reads_[bucket + '\0' + key] = now + k_leader_read_for;
+  }
+
+  bool reads_from_leader(const std::string& bucket, const std::string& key) {
+    std::lock_guard lock(leader_reads_mu_);
+    if (leader_reads_.empty()) return false;
+    auto it = leader_reads_.find(bucket + '\0' + key);
+    if (it == leader_reads_.end()) return false;
+    if (it->second > std::chrono::steady_clock::now()) return true;
+    leader_reads_.erase(it);
+    return false;
+  }
+
   // The key's last revision, markers included.
   void last_entry(const std::string& bucket, const std::string& key, completion<kv_entry> done) {
     std::string subject = kv_subject(bucket, key);
-    if (direct_get(bucket)) return last_entry_direct(bucket, key, std::move(done));
+    if (direct_get(bucket) && !reads_from_leader(bucket, key)) {
+      return last_entry_direct(bucket, key, std::move(done));
+    }
     conn_->request(
         fmt::format("$JS.API.STREAM.MSG.GET.{}", kv_stream(bucket)),
         fmt::format(R"({{"last_by_subj":{}}})", json_quote(subject)), {}, conn_->deadline(),
@@ -2318,6 +2393,11 @@ class jetstream_backend final : public transport,
   std::map<std::string, bucket_traits> buckets_;  // buckets seen to exist
   std::mutex known_mu_;
   std::map<std::string, time_point> known_;  // "<stream>.<consumer>" seen to exist
+  static constexpr std::size_t k_leader_reads_max = 65536;
+  static constexpr auto k_leader_read_for = std::chrono::seconds(10);
+  std::mutex leader_reads_mu_;
+  // "<bucket>\0<key>" read from the leader until then (read_from_leader)
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> leader_reads_;
   std::mutex lines_mu_;
   std::unordered_map<std::string, fetch_line> lines_;  // consumers with a fetch being served
 };

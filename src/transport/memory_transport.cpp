@@ -236,6 +236,22 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return info(s);
   }
 
+  result<stream_info> update_stream(const stream_config& config) override {
+    if (auto r = detail::validate(config); !r) return r.error();
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(config.name);
+    if (!s) return missing("stream", config.name);
+    if (auto fixed = detail::fixed_setting_change(s->config, config); !fixed.empty()) {
+      return unexpected(errc::conflict,
+                        fmt::format("stream \"{}\": its {} cannot be changed", config.name, fixed));
+    }
+    s->config = config;
+    expire_messages(*s);
+    trim_subjects(*s);
+    trim_to_limits(*s);
+    return info(*s);
+  }
+
   result<stream_info> stream_info_of(std::string_view stream) override {
     if (auto r = subjects::check_stream_name(stream); !r) return r.error();
     std::lock_guard lock(mu_);
@@ -523,6 +539,28 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     after.complete<void>(std::move(done), r ? result<void>() : result<void>(r.error()));
   }
 
+  void async_kv_erase(std::string_view bucket, std::string_view key,
+                      completion<void> done) override {
+    deferred after(sink_);
+    std::lock_guard lock(mu_);
+    auto r = kv_erase_locked(bucket, key);
+    after.complete<void>(std::move(done), std::move(r));
+  }
+
+  result<void> kv_erase_locked(std::string_view bucket, std::string_view key) {
+    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+    if (auto r = subjects::check_kv_key(key); !r) return r.error();
+    auto* b = find_bucket(bucket);
+    if (!b) return missing("bucket", bucket);
+    if (auto t = b->ttl_timers.find(key); t != b->ttl_timers.end()) {
+      clock_->cancel(t->second);
+      ttl_timers_.erase(t->second);
+      b->ttl_timers.erase(t);
+    }
+    if (auto it = b->keys.find(key); it != b->keys.end()) b->keys.erase(it);
+    return {};
+  }
+
   result<std::vector<std::string>> kv_keys(std::string_view bucket) override {
     if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
     deferred after(sink_);
@@ -708,6 +746,30 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     s.msgs.erase(it);
   }
 
+  // Removes the oldest messages until every subject is within its limit.
+  void trim_subjects(stream_state_impl& s) {
+    const auto& cfg = s.config;
+    if (cfg.max_msgs_per_subject > 0) {
+      std::vector<std::uint64_t> over;
+      for (const auto& [subject, seqs] : s.by_subject) {
+        auto extra = seqs.size() > static_cast<std::size_t>(cfg.max_msgs_per_subject)
+                         ? seqs.size() - static_cast<std::size_t>(cfg.max_msgs_per_subject)
+                         : 0;
+        for (auto it = seqs.begin(); extra > 0; ++it, --extra) over.push_back(*it);
+      }
+      for (auto seq : over) remove_message(s, seq);
+    }
+  }
+
+  // Removes the oldest messages until the stream is within its message and byte limits.
+  void trim_to_limits(stream_state_impl& s) {
+    const auto& cfg = s.config;
+    while ((cfg.max_msgs > 0 && s.msgs.size() > static_cast<std::size_t>(cfg.max_msgs)) ||
+           (cfg.max_bytes > 0 && s.bytes > static_cast<std::uint64_t>(cfg.max_bytes))) {
+      remove_message(s, s.msgs.begin()->first);
+    }
+  }
+
   void expire_messages(stream_state_impl& s) {
     if (s.config.max_age <= duration::zero()) return;
     auto cutoff = clock_->now() - s.config.max_age;
@@ -787,10 +849,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
         remove_message(*s, *subj.begin());
       }
     }
-    while ((cfg.max_msgs > 0 && s->msgs.size() > static_cast<std::size_t>(cfg.max_msgs)) ||
-           (cfg.max_bytes > 0 && s->bytes > static_cast<std::uint64_t>(cfg.max_bytes))) {
-      remove_message(*s, s->msgs.begin()->first);
-    }
+    trim_to_limits(*s);
     if (s->msgs.count(seq)) {
       const auto& stored_msg = s->msgs.at(seq).msg;
       std::erase_if(s->subs, [](const auto& x) { return x->queue->stopped(); });

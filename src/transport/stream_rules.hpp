@@ -137,6 +137,15 @@ inline std::string differing_setting(const stream_config& a, const stream_config
   return {};
 }
 
+// The first setting that `update_stream` cannot change and that differs; empty when none.
+inline std::string fixed_setting_change(const stream_config& a, const stream_config& b) {
+  if (a.subjects != b.subjects) return "subjects";
+  if (a.retention != b.retention) return "retention";
+  if (a.storage != b.storage) return "storage";
+  if (a.replicas != b.replicas) return "replicas";
+  return {};
+}
+
 inline std::string differing_setting(const consumer_config& a, const consumer_config& b) {
   if (a.filter_subject != b.filter_subject) {
     return fmt::format("filter_subject (\"{}\" vs \"{}\")", a.filter_subject, b.filter_subject);

@@ -75,4 +75,8 @@ result<void> transport::kv_purge(std::string_view bucket, std::string_view key) 
   return detail::wait_for<void>([&](auto h) { async_kv_purge(bucket, key, std::move(h)); });
 }
 
+result<void> transport::kv_erase(std::string_view bucket, std::string_view key) {
+  return detail::wait_for<void>([&](auto h) { async_kv_erase(bucket, key, std::move(h)); });
+}
+
 }  // namespace amp

@@ -26,6 +26,7 @@
 #include "amp/transport/jetstream.hpp"
 #include "amp/transport/transport.hpp"
 #include "support/checks.hpp"
+#include "support/leader_probe.hpp"
 #include "support/nats_server.hpp"
 
 namespace {
@@ -33,6 +34,7 @@ namespace {
 using namespace std::chrono_literals;
 using amp::errc;
 using amp::testing::eventually;
+using amp::testing::leader_probe;
 using amp::testing::nats_cluster;
 using steady = std::chrono::steady_clock;
 
@@ -50,51 +52,6 @@ auto until_available(F op, std::chrono::milliseconds timeout = 30s) {
     std::this_thread::sleep_for(100ms);
   }
 }
-
-/// A plain cnats connection to the cluster, to ask JetStream who leads a stream.
-class leader_probe {
- public:
-  explicit leader_probe(const std::vector<std::string>& urls) {
-    std::vector<const char*> servers;
-    for (const auto& u : urls) servers.push_back(u.c_str());
-    natsOptions_Create(&opts_);
-    natsOptions_SetServers(opts_, servers.data(), static_cast<int>(servers.size()));
-    natsOptions_SetTimeout(opts_, 2000);
-    natsOptions_SetMaxReconnect(opts_, -1);
-    natsOptions_SetReconnectWait(opts_, 100);
-    if (natsConnection_Connect(&nc_, opts_) == NATS_OK) {
-      jsOptions jo;
-      jsOptions_Init(&jo);
-      jo.Wait = 2000;
-      natsConnection_JetStream(&js_, nc_, &jo);
-    }
-  }
-  ~leader_probe() {
-    jsCtx_Destroy(js_);
-    natsConnection_Destroy(nc_);
-    natsOptions_Destroy(opts_);
-  }
-  leader_probe(const leader_probe&) = delete;
-  leader_probe& operator=(const leader_probe&) = delete;
-
-  /// The server name of the stream's leader, if JetStream answers and there is one.
-  std::optional<std::string> leader_of(const char* stream) {
-    if (js_ == nullptr) return std::nullopt;
-    jsStreamInfo* info = nullptr;
-    jsErrCode jerr{};
-    if (js_GetStreamInfo(&info, js_, stream, nullptr, &jerr) != NATS_OK) return std::nullopt;
-    std::optional<std::string> leader;
-    if (info->Cluster != nullptr && info->Cluster->Leader != nullptr)
-      leader = info->Cluster->Leader;
-    jsStreamInfo_Destroy(info);
-    return leader;
-  }
-
- private:
-  natsOptions* opts_ = nullptr;
-  natsConnection* nc_ = nullptr;
-  jsCtx* js_ = nullptr;
-};
 
 /// The kinds of operation the traffic makes, and when each last succeeded.
 enum op_kind { publish_op, fetch_op, ack_op, kv_get_op, kv_update_op, op_kinds };

@@ -138,25 +138,42 @@ server_process server_process::start(std::vector<std::string> args) {
     p.out_path_ = p.dir_ / "stdout";
     p.err_path_ = p.dir_ / "stderr";
     p.port_ = static_cast<std::uint16_t>(free_port());
-    auto with_listen = args;
-    with_listen.push_back("--listen");
-    with_listen.push_back("127.0.0.1:" + std::to_string(p.port_));
-    p.pid_ = spawn(with_listen, p.out_path_, p.err_path_);
-
-    const auto deadline = std::chrono::steady_clock::now() + 15s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (p.log().find("\"event\":\"listening\"") != std::string::npos) return p;
-      if (auto status = reap(p.pid_, 0ms)) {
-        p.pid_ = -1;
-        break;
-      }
-      std::this_thread::sleep_for(20ms);
-    }
+    p.args_ = args;
+    p.args_.push_back("--listen");
+    p.args_.push_back("127.0.0.1:" + std::to_string(p.port_));
+    if (p.spawn_and_wait()) return p;
     last_log = p.log();
     // A port taken between free_port() and the bind: try another one.
     if (last_log.find("cannot listen") == std::string::npos) break;
   }
   throw std::runtime_error("amp-server did not start listening; its stderr:\n" + last_log);
+}
+
+bool server_process::spawn_and_wait() {
+  ++runs_;
+  pid_ = spawn(args_, out_path_, err_path_);
+  const auto deadline = std::chrono::steady_clock::now() + 15s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (log().find("\"event\":\"listening\"") != std::string::npos) return true;
+    if (auto status = reap(pid_, 0ms)) {
+      pid_ = -1;
+      return false;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  kill_now();
+  return false;
+}
+
+void server_process::restart() {
+  kill_now();
+  std::error_code ec;
+  fs::rename(err_path_, dir_ / ("stderr." + std::to_string(runs_)), ec);
+  fs::rename(out_path_, dir_ / ("stdout." + std::to_string(runs_)), ec);
+  if (!spawn_and_wait()) {
+    throw std::runtime_error("amp-server did not start listening again on port " +
+                             std::to_string(port_) + "; its stderr:\n" + log());
+  }
 }
 
 server_process::~server_process() {
@@ -171,6 +188,8 @@ server_process::server_process(server_process&& other) noexcept
     : dir_(std::exchange(other.dir_, {})),
       out_path_(std::move(other.out_path_)),
       err_path_(std::move(other.err_path_)),
+      args_(std::move(other.args_)),
+      runs_(other.runs_),
       port_(other.port_),
       pid_(std::exchange(other.pid_, -1)) {}
 

@@ -69,6 +69,12 @@ class server_process {
                     std::chrono::milliseconds limit = std::chrono::seconds(10)) const;
 
   void signal(int sig) const;
+  /// Starts the server again with the same command line on the same port, after a SIGKILL if
+  /// it still runs, and waits (at most 15 s) for its `listening` log line. log() then shows
+  /// the new run; the earlier runs' logs stay in its directory as stderr.1, stderr.2, ….
+  /// @throws std::runtime_error with its stderr when it does not come up (e.g. the port was
+  ///         taken by another process meanwhile).
+  void restart();
   /// Waits (at most `limit`) for the process to exit; its exit status (128 + signal when a
   /// signal ended it), or nothing on timeout.
   std::optional<int> wait_exit(std::chrono::milliseconds limit);
@@ -78,10 +84,15 @@ class server_process {
  private:
   server_process() = default;
   void kill_now() noexcept;
+  // Spawns with args_ and waits for `listening`: true when it listens; false (the process
+  // gone, pid_ -1) otherwise.
+  bool spawn_and_wait();
 
   std::filesystem::path dir_;
   std::filesystem::path out_path_;
   std::filesystem::path err_path_;
+  std::vector<std::string> args_;  // the command line, --listen included
+  int runs_ = 0;                   // processes started so far
   std::uint16_t port_ = 0;
   pid_t pid_ = -1;
 };

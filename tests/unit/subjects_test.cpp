@@ -89,6 +89,10 @@ TEST_CASE("the NATS mapping spells streams, subjects, consumers and keys as docu
   REQUIRE(subjects::job_subject(ns, resize) == "amp.demo.job.resize");
   REQUIRE(subjects::job_consumer(resize) == "job_resize");
 
+  REQUIRE(subjects::ended_stream(ns) == "AMP_ENDED_demo");
+  REQUIRE(subjects::ended_subject(ns) == "amp.demo.task.ended");
+  REQUIRE(subjects::sweeper_consumer() == "sweeper");
+
   REQUIRE(subjects::topics_stream(ns) == "AMP_TOPICS_demo");
   REQUIRE(subjects::topic_subjects(ns) == "amp.demo.topic.>");
   REQUIRE(subjects::topic_subject(ns, news) == "amp.demo.topic.news.eu");
@@ -132,8 +136,8 @@ TEST_CASE("every name the mapping builds passes the NATS syntax checks", "[subje
     INFO("ns " << ns.str() << ", participant " << p.str() << ", job " << j.str() << ", topic "
                << t.str() << ", pattern " << pattern.str());
 
-    for (const auto& stream :
-         {subjects::inbox_stream(ns), subjects::tasks_stream(ns), subjects::topics_stream(ns)}) {
+    for (const auto& stream : {subjects::inbox_stream(ns), subjects::tasks_stream(ns),
+                               subjects::topics_stream(ns), subjects::ended_stream(ns)}) {
       REQUIRE(passes(subjects::check_stream_name(stream)));
       REQUIRE(clean_jetstream_name(stream));
     }

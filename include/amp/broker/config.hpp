@@ -68,6 +68,11 @@ struct broker_config {
   /// Registry: use the sweeper even when the transport has per-key TTL.
   bool registry_force_sweeper = false;
 
+  /// Tasks: how long a task's record, its history and its idempotency binding are kept
+  /// after the task ends (spec §7: at least 24 hours); then the task store removes them.
+  /// Zero keeps them for ever.
+  duration task_retention = std::chrono::hours(24);
+
   /// Jobs: the configuration of a job not named in `jobs` (spec `jobs["*"]`).
   job_config default_job{};
   /// Jobs by name (spec `jobs`).

@@ -5,7 +5,13 @@
 /// (`<ns>.<task>`), history kept, every change a compare-and-set on the revision that
 /// was read, so two concurrent transitions of one task can never both succeed. It also
 /// keeps the idempotency index: an idempotency key of a submitter maps to one task id for
-/// as long as the store keeps it (the bucket has no age limit).
+/// as long as the store keeps the task.
+///
+/// Retention: a write that ends a task first records the end in the stream
+/// `AMP_ENDED_<ns>`; the store's sweeper takes each end once `task_retention` has passed
+/// since it and removes the task's record, with its history, and its idempotency binding,
+/// leaving no marker (`transport::async_kv_erase`). Several stores on one namespace (one
+/// per server) share the sweeping through one durable consumer.
 
 #include <cstdint>
 #include <memory>
@@ -58,6 +64,7 @@ struct task_record {
   std::vector<std::string> holders{};  ///< every participant that held a lease, in order
   std::string ack_token{};             ///< the job message's ack token of the current claim
   std::uint64_t job_seq = 0;           ///< stream sequence of the job message
+  std::string idem_key{};              ///< task-store key of its idempotency binding; empty: none
 
   bool has_owner() const noexcept { return !owner.empty(); }
   bool has_lease() const noexcept { return lease_expires_at != time_point{}; }
@@ -71,15 +78,19 @@ struct task_record {
 std::string to_json(const task_record& r);
 
 /// Reads a stored record (the broker's own format: the spec's members plus `holders`,
-/// `ack`, `job_seq`). `internal` when the text is not one.
+/// `ack`, `job_seq`, `idem`). `internal` when the text is not one.
 result<task_record> parse_task_record(std::string_view json);
 
 /// The task store. Thread-safe; every call blocks on the backend (do not call from a
 /// transport callback).
-class task_store {
+class task_store : public std::enable_shared_from_this<task_store> {
  public:
-  /// Ensures the bucket (history 64, `config.storage`, `config.replicas`).
-  /// Errors: `unavailable`, `conflict` when the bucket exists with another configuration.
+  /// Ensures the bucket (history 64, `config.storage`, `config.replicas`) and the
+  /// task-ends stream of `config.ns` with its consumer, and starts the sweeper (unless
+  /// `config.task_retention` is zero), whose work runs on `config.run` (or a pool of its
+  /// own) and stops when the store is destroyed.
+  /// Errors: `unavailable`, `conflict` when the bucket or stream exists with another
+  /// configuration.
   static result<std::shared_ptr<task_store>> open(std::shared_ptr<transport> t,
                                                   const broker_config& config);
 
@@ -99,7 +110,9 @@ class task_store {
   std::vector<result<task_record>> get_many(const namespace_name& ns,
                                             const std::vector<task_id>& tasks);
   /// Writes `r` only when the task's latest revision is `r.revision`; returns the record
-  /// with its new revision. `conflict` when the task moved on (someone else won).
+  /// with its new revision. `conflict` when the task moved on (someone else won). A record
+  /// in a terminal state is first recorded as ended (see Retention above): when that
+  /// fails, nothing is written and the error is returned.
   result<task_record> update(task_record r);
   /// `update`, asynchronously, like `async_create`.
   void async_update(task_record r, completion<task_record> done);
@@ -110,10 +123,12 @@ class task_store {
   /// The task id an idempotency key of `submitter` stands for. If the key is new it is
   /// bound to `proposed` and that is returned with `bound = true`; otherwise the task it
   /// was bound to earlier, with `bound = false`. Keys are 1..256 bytes of any content
-  /// (`bad_request` otherwise); they are stored hashed (SHA-256).
+  /// (`bad_request` otherwise); they are stored hashed (SHA-256). `key` is the binding's
+  /// task-store key, for the task's record (`task_record::idem_key`).
   struct binding {
     task_id task;
     bool bound = false;
+    std::string key{};
   };
   result<binding> bind_idempotency_key(const namespace_name& ns, const participant_name& submitter,
                                        std::string_view key, const task_id& proposed);
@@ -128,10 +143,18 @@ class task_store {
   const std::shared_ptr<transport>& backend() const noexcept { return transport_; }
 
   task_store(std::shared_ptr<transport> t, std::string bucket);
+  ~task_store();
+  task_store(const task_store&) = delete;
+  task_store& operator=(const task_store&) = delete;
+
+  class sweeper;
 
  private:
+  void write(task_record r, const std::string& key, completion<task_record> done);
+
   std::shared_ptr<transport> transport_;
   std::string bucket_;
+  std::shared_ptr<sweeper> sweeper_;  // empty: records are kept for ever
 };
 
 }  // namespace amp

@@ -287,6 +287,13 @@ class transport {
   /// configuration; `conflict` naming the differing setting otherwise (never changes it).
   /// `bad_request` for an impossible configuration (no subjects, replicas < 1, ...).
   virtual result<stream_info> ensure_stream(const stream_config& config) = 0;
+  /// Changes the limits of an existing stream to those of `config`: `max_msgs`,
+  /// `max_bytes`, `max_msgs_per_subject`, `max_msg_size`, `max_age`, `discard` and
+  /// `duplicate_window`. What the new limits no longer admit is removed at once, oldest
+  /// first. `not_found` when the stream is missing; `conflict` naming the setting when its
+  /// `subjects`, `retention`, `storage` or `replicas` differ (those never change);
+  /// `bad_request` as for `ensure_stream`.
+  virtual result<stream_info> update_stream(const stream_config& config) = 0;
   virtual result<stream_info> stream_info_of(std::string_view stream) = 0;
   virtual result<void> delete_stream(std::string_view stream) = 0;
   /// The message at `seq`; `not_found` if there is none (never stored, or removed).
@@ -371,6 +378,12 @@ class transport {
   /// Removes every revision of the key and leaves one purge marker.
   virtual void async_kv_purge(std::string_view bucket, std::string_view key,
                               completion<void> done) = 0;
+  /// Removes every revision of the key and leaves no marker: the key is as if it had never
+  /// been written, and a later create of it succeeds (JetStream: a stream purge filtered on
+  /// the key's subject). Watchers are not told. Succeeds for a missing key; `not_found` for a
+  /// missing bucket. For retention, where a marker per removed key would be growth too.
+  virtual void async_kv_erase(std::string_view bucket, std::string_view key,
+                              completion<void> done) = 0;
 
   result<kv_entry> kv_get(std::string_view bucket, std::string_view key);
   result<std::uint64_t> kv_create(std::string_view bucket, std::string_view key, std::string value,
@@ -382,6 +395,7 @@ class transport {
                                std::optional<duration> ttl = std::nullopt);
   result<void> kv_delete(std::string_view bucket, std::string_view key);
   result<void> kv_purge(std::string_view bucket, std::string_view key);
+  result<void> kv_erase(std::string_view bucket, std::string_view key);
 
   /// The keys with a live value, sorted.
   virtual result<std::vector<std::string>> kv_keys(std::string_view bucket) = 0;

@@ -36,6 +36,9 @@ class faulty_transport final : public transport {
   result<stream_info> ensure_stream(const stream_config& c) override {
     return inner_->ensure_stream(c);
   }
+  result<stream_info> update_stream(const stream_config& c) override {
+    return inner_->update_stream(c);
+  }
   result<stream_info> stream_info_of(std::string_view s) override {
     return inner_->stream_info_of(s);
   }
@@ -104,6 +107,10 @@ class faulty_transport final : public transport {
   void async_kv_purge(std::string_view b, std::string_view k, completion<void> done) override {
     if (auto e = check("kv_purge", k)) return done(std::move(*e));
     inner_->async_kv_purge(b, k, std::move(done));
+  }
+  void async_kv_erase(std::string_view b, std::string_view k, completion<void> done) override {
+    if (auto e = check("kv_erase", k)) return done(std::move(*e));
+    inner_->async_kv_erase(b, k, std::move(done));
   }
   result<std::vector<std::string>> kv_keys(std::string_view b) override {
     return inner_->kv_keys(b);

@@ -18,7 +18,8 @@ namespace {
 
 class jobs_env {
  public:
-  explicit jobs_env(int max_attempts = 3)
+  explicit jobs_env(int max_attempts = 3,
+                    const std::function<void(bool real_time, broker_config&)>& adjust = {})
       : fx_(make_fixture()),
         t(std::make_shared<faulty_transport>(fx_->shared_transport())),
         cfg(config_for(*fx_)) {
@@ -26,6 +27,7 @@ class jobs_env {
     cfg.default_job.decline_delay =
         fx_->real_time() ? std::chrono::milliseconds(300) : std::chrono::seconds(1);
     cfg.default_job.max_attempts = max_attempts;
+    if (adjust) adjust(fx_->real_time(), cfg);
     q = open_queue();
   }
 
@@ -239,6 +241,27 @@ TEST_CASE("two claims of one task never both succeed", "[jobs]") {
   for (auto& r : racers) r.join();
   CHECK(won == 1);
   CHECK(conflicts == k_racers - 1);
+  CHECK(env.record(id).attempt == 1);
+}
+
+TEST_CASE("an offer read at a revision the store does not have is claimed, a changed one is not",
+          "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  auto o = env.one_offer();
+  // As a replica that diverged answers a read: the same record at another revision.
+  auto stale = o;
+  stale.task.revision += 1000;
+  auto l = must(env.q->claim(stale, env.w1));
+  CHECK(l.attempt == 1);
+  auto rec = env.record(id);
+  CHECK(rec.state == task_state::running);
+  CHECK(rec.owner == "w1");
+  // A record that changed since the offer was read is not claimed over.
+  auto changed = o;
+  changed.task.revision += 1000;
+  CHECK(code_of(env.q->claim(changed, env.w2)) == errc::conflict);
+  CHECK(env.record(id).owner == "w1");
   CHECK(env.record(id).attempt == 1);
 }
 
@@ -701,6 +724,63 @@ TEST_CASE("tasks are visible to their submitter, holders and admins only", "[job
   CHECK(code_of(env.q->history(id, viewer{.who = env.w2})) == errc::not_found);
   auto missing = must(task_id::make("t_nothere"));
   CHECK(code_of(env.q->get(missing, viewer{.who = env.alice, .admin = true})) == errc::not_found);
+}
+
+TEST_CASE("an ended task's record, history and binding go once its retention has passed",
+          "[jobs][retention]") {
+  jobs_env env(3, [](bool real_time, broker_config& c) {
+    c.task_retention = real_time ? std::chrono::seconds(2) : std::chrono::hours(24);
+  });
+  const auto keep = env.cfg.task_retention;
+  auto id = env.submit(R"({"n":1})", "order-42");
+  auto waiting = env.submit(R"({"n":2})", "order-43");  // never claimed: never ends
+  auto offers = env.offers(2);
+  REQUIRE(offers.size() == 2);
+  const auto& o = offers[0].task.task == id.str() ? offers[0] : offers[1];
+  must(env.q->claim(o, env.w1));
+  must(env.q->complete(id, env.w1, R"({"ok":true})"));
+  CHECK(env.stored_messages() == 1);  // the other task's
+
+  // Kept for the retention after the end.
+  env.advance(keep / 2);
+  CHECK(env.record(id).state == task_state::completed);
+  CHECK_FALSE(
+      must(env.q->submit(
+               {.job = env.job, .from = env.alice, .body = "{}", .idempotency_key = "order-42"}))
+          .created);
+  // Then removed: the record and its history, and the key is free for a new task.
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    env.advance(keep / 5);
+    gone = code_of(env.q->get(id, viewer{.who = env.alice, .admin = true})) == errc::not_found;
+  }
+  CHECK(gone);
+  CHECK(code_of(env.q->history(id, viewer{.who = env.alice, .admin = true})) == errc::not_found);
+  CHECK(code_of(env.t->kv_history(subjects::task_state_bucket(),
+                                  subjects::task_key(env.cfg.ns, id))) == errc::not_found);
+  auto again = must(env.q->submit(
+      {.job = env.job, .from = env.alice, .body = "{}", .idempotency_key = "order-42"}));
+  CHECK(again.created);
+  CHECK(again.task != id);
+  // A task that has not ended is kept, however long it waits.
+  CHECK(env.record(waiting).state == task_state::queued);
+  CHECK_FALSE(
+      must(env.q->submit(
+               {.job = env.job, .from = env.alice, .body = "{}", .idempotency_key = "order-43"}))
+          .created);
+  // Every end was taken: the stream of ends is empty.
+  CHECK(must(env.t->stream_info_of(subjects::ended_stream(env.cfg.ns))).state.messages == 0);
+}
+
+TEST_CASE("a task store with no retention keeps ended tasks and makes no stream of ends",
+          "[jobs][retention]") {
+  jobs_env env(3, [](bool, broker_config& c) { c.task_retention = duration::zero(); });
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  must(env.q->complete(id, env.w1, "1"));
+  env.advance(env.fx().real_time() ? std::chrono::seconds(2) : std::chrono::hours(48));
+  CHECK(env.record(id).state == task_state::completed);
+  CHECK(code_of(env.t->stream_info_of(subjects::ended_stream(env.cfg.ns))) == errc::not_found);
 }
 
 TEST_CASE("releasing a lease (bye) returns the task at once", "[jobs]") {

@@ -1,4 +1,4 @@
-// KV buckets: ensure_bucket, get/create/update/put/delete/purge, revisions, history,
+// KV buckets: ensure_bucket, get/create/update/put/delete/purge/erase, revisions, history,
 // keys, bucket TTL and per-key TTL.
 
 #include <algorithm>
@@ -317,6 +317,32 @@ TEST_CASE("a purge removes the key's history and leaves one purge marker", "[kv]
   auto h2 = must(t.kv_history(c.bucket, "k"));
   CHECK(ops_of(h2) == std::vector<kv_op>{kv_op::purge, kv_op::put});
   CHECK(must(t.kv_get(c.bucket, "k")).value == "v3");
+}
+
+TEST_CASE("an erase removes every revision of the key and leaves no marker", "[kv]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto c = bucket_cfg(*fx, "erase", 5);
+  auto b = create_bucket(t, c);
+  must(t.kv_put(c.bucket, "k", "v1"));
+  must(t.kv_delete(c.bucket, "k"));
+  auto last = must(t.kv_put(c.bucket, "k", "v2"));
+  must(t.kv_put(c.bucket, "other", "stays"));
+  must(t.kv_erase(c.bucket, "k"));
+  CHECK(code_of(t.kv_get(c.bucket, "k")) == errc::not_found);
+  CHECK(code_of(t.kv_history(c.bucket, "k")) == errc::not_found);
+  CHECK(must(t.kv_keys(c.bucket)) == std::vector<std::string>{"other"});
+  CHECK(must(t.kv_history(c.bucket, "other")).size() == 1);
+  // The key can be created again, as if never written; revisions still rise.
+  auto again = must(t.kv_create(c.bucket, "k", "v3"));
+  CHECK(again > last);
+  auto h = must(t.kv_history(c.bucket, "k"));
+  CHECK(ops_of(h) == std::vector<kv_op>{kv_op::put});
+  CHECK(values_of(h) == std::vector<std::string>{"v3"});
+  // A missing key is erased already; a missing bucket and a bad key are errors.
+  must(t.kv_erase(c.bucket, "never"));
+  CHECK(code_of(t.kv_erase(fx->unique("nobucket"), "k")) == errc::not_found);
+  CHECK(code_of(t.kv_erase(c.bucket, "bad key")) == errc::invalid_name);
 }
 
 TEST_CASE("kv_history keeps at most `history` revisions per key, oldest first", "[kv]") {

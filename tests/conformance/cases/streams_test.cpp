@@ -1,5 +1,5 @@
 // Streams: ensure_stream (create, idempotence, conflicts, impossible configurations),
-// stream_info_of, delete_stream, get_message and get_last_message.
+// update_stream, stream_info_of, delete_stream, get_message and get_last_message.
 
 #include <functional>
 #include <string>
@@ -104,6 +104,60 @@ TEST_CASE("ensure_stream refuses an impossible configuration with bad_request an
   }
   CHECK(code_of(t.ensure_stream(c)) == errc::bad_request);
   CHECK(code_of(t.stream_info_of(c.name)) == errc::not_found);
+}
+
+TEST_CASE("update_stream changes the limits and removes at once what they no longer admit",
+          "[streams][limits]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto c = stream_cfg(*fx, "update", retention_policy::work_queue);
+  auto s = create_stream(t, c);
+  for (int i = 0; i < 5; ++i) publish_ok(t, subject_in(c, "a"), "m" + std::to_string(i));
+
+  c.max_msgs = 3;
+  auto info = must(t.update_stream(c));
+  CHECK(info.config == c);
+  CHECK(info.state.messages == 3);
+  CHECK(info.state.first_seq == 3);  // the oldest went
+  CHECK(state_of(t, c.name).messages == 3);
+  // The updated configuration is now the one ensure_stream finds.
+  CHECK(must(t.ensure_stream(c)).state.messages == 3);
+
+  // Full and discarding new messages: a publish is refused.
+  c.discard = discard_policy::new_messages;
+  must(t.update_stream(c));
+  CHECK(code_of(t.publish({.subject = subject_in(c, "a"), .data = "x"})) == errc::limit_exceeded);
+
+  // An age limit applies to the messages already stored.
+  c.max_msgs = -1;
+  c.discard = discard_policy::old_messages;
+  c.max_age = 1s;
+  must(t.update_stream(c));
+  fx->advance(1500ms);
+  CHECK(state_of(t, c.name).messages == 0);
+  CHECK(publish_ok(t, subject_in(c, "a"), "new") == 6);
+
+  // Subjects, retention, storage and replicas never change; a missing stream is not_found.
+  auto other = c;
+  other.retention = retention_policy::limits;
+  CHECK(code_of(t.update_stream(other)) == errc::conflict);
+  other = c;
+  other.subjects = {subject_in(c, "a")};
+  CHECK(code_of(t.update_stream(other)) == errc::conflict);
+  other = c;
+  other.replicas = 2;
+  CHECK(code_of(t.update_stream(other)) == errc::conflict);
+  auto kept = must(t.stream_info_of(c.name)).config;  // unchanged by the refusals
+  CHECK(kept.subjects == c.subjects);
+  CHECK(kept.retention == c.retention);
+  CHECK(kept.replicas == 1);
+  CHECK(kept.max_age == c.max_age);
+  other = c;
+  other.name = fx->unique("missing");
+  CHECK(code_of(t.update_stream(other)) == errc::not_found);
+  other = c;
+  other.max_age = -1s;
+  CHECK(code_of(t.update_stream(other)) == errc::bad_request);
 }
 
 TEST_CASE("stream_info_of and delete_stream of a missing stream are not_found", "[streams]") {
