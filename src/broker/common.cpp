@@ -58,6 +58,12 @@ void worker_pool::run(const std::shared_ptr<core>& c) {
   }
 }
 
+result<stream_info> ensure_limits(transport& t, const stream_config& config) {
+  auto r = t.ensure_stream(config);
+  if (r || r.error().code() != errc::conflict) return r;
+  return t.update_stream(config);
+}
+
 executor executor_for(const broker_config& config, std::shared_ptr<worker_pool>& pool) {
   if (config.run) return config.run;
   pool = std::make_shared<worker_pool>(config.workers);

@@ -48,6 +48,10 @@ class worker_pool {
 };
 
 // The executor of `config`, or a pool made for the caller (kept alive in `pool`).
+// The stream as `config` says, made when missing; one that exists with other limits (an
+// older configuration, or another server's) gets these. Other differences: `conflict`.
+result<stream_info> ensure_limits(transport& t, const stream_config& config);
+
 executor executor_for(const broker_config& config, std::shared_ptr<worker_pool>& pool);
 
 // `prefix` + 9 base-36 digits of milliseconds since the epoch + 3 of a per-process counter

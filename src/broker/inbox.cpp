@@ -356,7 +356,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   void recreate() {
     auto backend = backend_.lock();
     if (!backend) return;
-    auto r = backend->ensure_stream(settings_->stream_settings);
+    auto r = detail::ensure_limits(*backend, settings_->stream_settings);
     backend.reset();
     auto c = r ? ensure_consumer() : result<void>(r.error());
     {
@@ -537,16 +537,23 @@ result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
   auto settings = std::make_shared<detail::inbox_settings>(detail::inbox_settings{
       .ns = config.ns,
       .stream = stream,
-      .stream_settings = stream_config{.name = stream,
-                                       .subjects = {subjects::inbox_subjects(config.ns)},
-                                       .retention = retention_policy::work_queue,
-                                       .storage = config.storage,
-                                       .max_age = config.inbox_max_age,
-                                       .duplicate_window = config.duplicate_window,
-                                       .replicas = config.replicas},
+      .stream_settings =
+          stream_config{.name = stream,
+                        .subjects = {subjects::inbox_subjects(config.ns)},
+                        .retention = retention_policy::work_queue,
+                        .storage = config.storage,
+                        .max_bytes = config.inbox_max_bytes > 0 ? config.inbox_max_bytes : -1,
+                        .max_age = std::max(config.inbox_max_age, duration::zero()),
+                        .discard = discard_policy::new_messages,
+                        .duplicate_window = config.duplicate_window,
+                        .replicas = config.replicas},
       .ack_wait = config.inbox_ack_wait,
       .window = static_cast<std::size_t>(config.inbox_window)});
-  if (auto r = t->ensure_stream(settings->stream_settings); !r) return r.error();
+  // JetStream refuses a duplicate window longer than the max age.
+  auto& sc = settings->stream_settings;
+  if (sc.max_age > duration::zero())
+    sc.duplicate_window = std::min(sc.duplicate_window, sc.max_age);
+  if (auto r = detail::ensure_limits(*t, sc); !r) return r.error();
   auto core = std::make_shared<detail::inbox_core>();
   core->backend = std::move(t);
   core->settings = std::move(settings);

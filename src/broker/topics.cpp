@@ -174,7 +174,7 @@ result<std::shared_ptr<topics>> topics::open(std::shared_ptr<transport> t,
   if (sc.max_age > duration::zero())
     sc.duplicate_window = std::min(sc.duplicate_window, sc.max_age);
   sc.replicas = config.replicas;
-  if (auto r = t->ensure_stream(sc); !r) return std::move(r).error();
+  if (auto r = detail::ensure_limits(*t, sc); !r) return std::move(r).error();
   return std::shared_ptr<topics>(new topics(std::move(t), config.ns));
 }
 

@@ -55,11 +55,16 @@ struct broker_config {
   /// Inbox: unacked messages in flight to one participant at most (spec `inbox_window`).
   int inbox_window = 64;
 
-  /// Inbox: age after which an unread message is dropped; zero keeps it until it is acked.
-  duration inbox_max_age = duration::zero();
+  /// Inbox: age after which an unacked message is dropped (zero: kept until acked), and
+  /// the bytes the inbox stream may hold (zero or less: no limit). A full inbox stream
+  /// refuses new messages (`limit_exceeded`) rather than drop old ones. An inbox stream
+  /// made with other limits is changed to these when the inbox opens.
+  duration inbox_max_age = std::chrono::hours(24 * 7);
+  std::int64_t inbox_max_bytes = -1;
 
   /// Topics: how long the topic stream keeps events for replay (zero: no age limit), and
-  /// how many bytes at most (zero or less: no limit); the oldest go first.
+  /// how many bytes at most (zero or less: no limit); the oldest go first. A topic stream
+  /// made with other limits is changed to these when the topics open.
   duration topic_max_age = std::chrono::hours(24);
   std::int64_t topic_max_bytes = -1;
 

@@ -93,6 +93,34 @@ TEST_CASE("inbox: a message sent to an offline participant is delivered when it 
   CHECK(log.size() == 1);
 }
 
+TEST_CASE(
+    "inbox: opening with other limits changes the stream's and keeps its messages and a full "
+    "inbox refuses new ones",
+    "[inbox][retention]") {
+  setup s;
+  must(s.box->send(note("bob", "alice")));
+  auto cfg = s.cfg;
+  cfg.inbox_max_age = std::chrono::hours(1);
+  cfg.inbox_max_bytes = 1 << 20;
+  auto again = must(inbox::open(s.fx->shared_transport(), cfg));
+  auto info = must(s.fx->transport().stream_info_of(subjects::inbox_stream(cfg.ns)));
+  CHECK(info.config.max_age == std::chrono::hours(1));
+  CHECK(info.config.max_bytes == 1 << 20);
+  CHECK(info.config.discard == discard_policy::new_messages);
+  CHECK(info.state.messages == 1);
+  // Filled to the byte limit, the next send is refused and nothing stored is dropped.
+  const std::string big(200 * 1024, 'x');
+  int stored = 1;
+  result<send_result> last = must(again->send(note("bob", "alice")));
+  ++stored;
+  while (last) {
+    last = again->send(note("bob", "alice", "\"" + big + "\""));
+    if (last) ++stored;
+  }
+  CHECK(last.error().code() == errc::limit_exceeded);
+  CHECK(stored_messages(*s.fx, cfg) == static_cast<std::uint64_t>(stored));
+}
+
 TEST_CASE("inbox: a message sent while the recipient is attached reaches it", "[inbox]") {
   setup s;
   inbox_log log;

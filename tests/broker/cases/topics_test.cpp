@@ -867,11 +867,19 @@ TEST_CASE("several topics instances on one namespace share its events and dedup"
   sub->stop();
   CHECK(log.seqs() == std::vector<std::uint64_t>{first.seq});
 
-  // Another configuration of the same stream is refused and changes nothing.
+  // Other limits are taken by the stream (the last configuration to open wins), keeping
+  // its events; another storage is refused and changes nothing.
   auto different = config;
   different.topic_max_age = std::chrono::hours(1);
-  CHECK(code_of(topics::open(fx->shared_transport(), different)) == errc::conflict);
-  CHECK(must(fx->transport().stream_info_of(a->stream())).config.max_age == config.topic_max_age);
+  must(topics::open(fx->shared_transport(), different));
+  auto info = must(fx->transport().stream_info_of(a->stream()));
+  CHECK(info.config.max_age == std::chrono::hours(1));
+  CHECK(info.state.messages == 1);
+  auto elsewhere = different;
+  elsewhere.storage =
+      config.storage == storage_type::file ? storage_type::memory : storage_type::file;
+  CHECK(code_of(topics::open(fx->shared_transport(), elsewhere)) == errc::conflict);
+  CHECK(must(fx->transport().stream_info_of(a->stream())).config.storage == config.storage);
 }
 
 }  // namespace
