@@ -63,6 +63,10 @@ const HELP = `Usage: node benchmarks/soak.js [options]
   --topics N        topics soak.t0 .. soak.t<N-1> (default 10)
   --slots N         slots per worker (default 4)
   --logs DIR        copy the amp-server and nats-server logs to DIR at the end
+  --task-retention-s S  retention.task_s of amp-server (default 120, so that the task
+                    store reaches its steady size within the run; amp-server warns that
+                    this is under amp.v1's 24 hours)
+  --topic-age-s S   retention.topics.max_age_s (default 60)
   --quick           100 sessions for 1 minute
 `;
 
@@ -71,6 +75,7 @@ function parseOptions(argv) {
     sessions: null, minutes: null, intervalS: 5, warmupS: null, out: null,
     ampServer: path.join(REPO, 'build', 'bin', 'amp-server'), natsServer: '/usr/sbin/nats-server',
     taskRate: 200, msgRate: 200, eventRate: 100, topics: 10, slots: 4, logs: null, quick: false,
+    taskRetentionS: 120, topicAgeS: 60,
   };
   const num = (name, v) => {
     const n = Number(v);
@@ -97,6 +102,8 @@ function parseOptions(argv) {
       case '--topics': o.topics = Math.floor(num(a, next())); break;
       case '--slots': o.slots = Math.floor(num(a, next())); break;
       case '--logs': o.logs = path.resolve(next()); break;
+      case '--task-retention-s': o.taskRetentionS = Math.floor(num(a, next())); break;
+      case '--topic-age-s': o.topicAgeS = Math.floor(num(a, next())); break;
       case '--quick': o.quick = true; break;
       case '--help': case '-h': process.stdout.write(HELP); process.exit(0); break;
       default: usage(`unknown argument ${a}`);
@@ -356,8 +363,12 @@ async function startAmp(dir, natsUrl, secret) {
   fs.copyFileSync(opt.ampServer, binary);
   fs.chmodSync(binary, 0o755);
   const configPath = path.join(dir, 'amp-server.json');
-  fs.writeFileSync(configPath, JSON.stringify({ nats: { url: natsUrl }, auth: { alg: 'HS256', secret } }, null, 2),
-      { mode: 0o600 });
+  const config = {
+    nats: { url: natsUrl },
+    auth: { alg: 'HS256', secret },
+    retention: { task_s: opt.taskRetentionS, topics: { max_age_s: opt.topicAgeS } },
+  };
+  fs.writeFileSync(configPath, JSON.stringify(config, null, 2), { mode: 0o600 });
   let lastError;
   for (let attempt = 0; attempt < 3; attempt++) {
     const port = await freePort();

@@ -76,6 +76,15 @@ server with a message naming the key):
   policy.<p>.budget.per_day    null               null (unlimited) or an integer >= 0
                                                   (<p>: "default" or "participants.NAME")
   schemas.<type>               none               JSON Schema file for that message type
+  retention.task_s             86400              ended tasks kept; 60..315360000 (under
+                                                  86400 breaks amp.v1's 24 hours: a warning)
+  retention.inbox.max_age_s    604800             unacked messages dropped after; 0 (none)
+                                                  or 60..315360000
+  retention.inbox.max_bytes    0                  0 (none) or 1048576..2^50; full: send is
+                                                  limit_exceeded
+  retention.topics.max_age_s   86400              replay kept; 0 (none) or 60..315360000
+  retention.topics.max_bytes   0                  0 (none) or 1048576..2^50; oldest go first
+  retention.namespaces.<ns>.inbox, .topics        the same keys for one namespace
 An HS256 configuration needs auth.secret or auth.secret_file, of at least 32 bytes
 (RFC 7518), or the server refuses to start.
 

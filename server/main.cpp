@@ -110,6 +110,13 @@ int run(const std::vector<std::string>& args) {
   warn_about_readable_secrets(options, log);
 
   const auto& config = options.config;
+  if (config.retention.task_s < 86400) {
+    log.write(srv::log_event("warn", "short_task_retention")
+                  .field("task_s", config.retention.task_s)
+                  .field("message",
+                         "retention.task_s is under 86400: ended tasks and their idempotency keys "
+                         "are kept less than the 24 hours amp.v1 promises"));
+  }
   auto handler_error = [](std::string_view line) {
     log.write(srv::log_event("error", "handler_exception").field("message", line));
   };

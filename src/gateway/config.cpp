@@ -38,6 +38,11 @@ constexpr int_range k_replicas{1, 5};
 constexpr int_range k_leeway_s{0, 3600};
 constexpr int_range k_period_s{1, 86400};  // heartbeat_s, registry_ttl_s, inbox_ack_s
 constexpr int_range k_inbox_window{1, 10000};
+constexpr int_range k_task_retention_s{60, 315360000};  // under 86400: the server warns
+constexpr int_range k_max_age_s{0, 315360000};          // 0: none; else at least 60
+constexpr std::int64_t k_min_max_age_s = 60;
+constexpr int_range k_max_bytes{0, std::int64_t{1} << 50};  // 0: none; else at least 1 MiB
+constexpr std::int64_t k_min_max_bytes = 1048576;
 constexpr int_range k_lease_s{1, 86400};
 constexpr int_range k_max_attempts{1, 100};
 constexpr int_range k_decline_delay_ms{0, 86400000};
@@ -558,12 +563,55 @@ result<void> apply_schemas(dom::element e, const std::string& path, server_confi
       });
 }
 
+result<void> apply_stream_limits(dom::element e, const std::string& path,
+                                 stream_limits_override& o) {
+  return for_members(e, path, {"max_age_s", "max_bytes"},
+                     [&](std::string_view k, dom::element x, const std::string& q) -> result<void> {
+                       if (k == "max_age_s") return set_int(x, q, k_max_age_s, o.max_age_s);
+                       return set_int(x, q, k_max_bytes, o.max_bytes);
+                     });
+}
+
+result<void> apply_retention(dom::element e, const std::string& path,
+                             server_config::retention_section& r) {
+  return for_members(
+      e, path, {"task_s", "inbox", "topics", "namespaces"},
+      [&](std::string_view key, dom::element v, const std::string& p) -> result<void> {
+        if (key == "task_s") return set_int(v, p, k_task_retention_s, r.task_s);
+        if (key == "inbox" || key == "topics") {
+          stream_limits_override o;
+          if (auto ok = apply_stream_limits(v, p, o); !ok) return ok;
+          auto& limits = key == "inbox" ? r.inbox : r.topics;
+          limits = o.over(limits);
+          return {};
+        }
+        return for_members(
+            v, p, {},
+            [&](std::string_view ns, dom::element x, const std::string& q) -> result<void> {
+              if (auto name = namespace_name::make(ns); !name) {
+                return fail(fmt::format("{}: {}", p, name.error().message()));
+              }
+              if (x.is_null()) {
+                r.namespaces.erase(std::string(ns));
+                return {};
+              }
+              auto& entry = r.namespaces[std::string(ns)];
+              return for_members(
+                  x, q, {"inbox", "topics"},
+                  [&](std::string_view k, dom::element y, const std::string& w) -> result<void> {
+                    return apply_stream_limits(y, w, k == "inbox" ? entry.inbox : entry.topics);
+                  },
+                  nullable::yes);
+            });
+      });
+}
+
 // Merges the configuration object `root` into `c`, checking each value on the way.
 result<void> apply_root(dom::element root, server_config& c) {
   return for_members(
       root, "",
       {"listen", "tls", "nats", "auth", "heartbeat_s", "registry_ttl_s", "inbox_ack_s",
-       "inbox_window", "jobs", "limits", "policy", "schemas"},
+       "inbox_window", "jobs", "limits", "policy", "schemas", "retention"},
       [&](std::string_view key, dom::element v, const std::string& p) -> result<void> {
         if (key == "listen") return apply_listen(v, c);
         if (key == "tls") return apply_tls(v, p, c.tls);
@@ -576,6 +624,7 @@ result<void> apply_root(dom::element root, server_config& c) {
         if (key == "jobs") return apply_jobs(v, p, c);
         if (key == "limits") return apply_limits(v, p, c.limits);
         if (key == "policy") return apply_policies(v, p, c);
+        if (key == "retention") return apply_retention(v, p, c.retention);
         return apply_schemas(v, p, c);
       });
 }
@@ -610,6 +659,43 @@ result<void> check_text(const std::string& path, const std::optional<std::string
                           s->empty() ? "an empty string"
                           : secret   ? "a string with NUL"
                                      : amp::quoted(*s)));
+}
+
+result<void> check_limits(const std::string& path, const stream_limits_override& o) {
+  if (o.max_age_s) {
+    if (auto r = check_int(path + ".max_age_s", *o.max_age_s, k_max_age_s); !r) return r;
+    if (*o.max_age_s != 0 && *o.max_age_s < k_min_max_age_s) {
+      return fail(fmt::format("{}.max_age_s: must be 0 (no limit) or at least {}, not {}", path,
+                              k_min_max_age_s, *o.max_age_s));
+    }
+  }
+  if (o.max_bytes) {
+    if (auto r = check_int(path + ".max_bytes", *o.max_bytes, k_max_bytes); !r) return r;
+    if (*o.max_bytes != 0 && *o.max_bytes < k_min_max_bytes) {
+      return fail(fmt::format("{}.max_bytes: must be 0 (no limit) or at least {}, not {}", path,
+                              k_min_max_bytes, *o.max_bytes));
+    }
+  }
+  return {};
+}
+
+stream_limits_override as_override(const stream_limits& l) {
+  return {.max_age_s = l.max_age_s, .max_bytes = l.max_bytes};
+}
+
+result<void> check_retention(const server_config::retention_section& r) {
+  if (auto ok = check_int("retention.task_s", r.task_s, k_task_retention_s); !ok) return ok;
+  if (auto ok = check_limits("retention.inbox", as_override(r.inbox)); !ok) return ok;
+  if (auto ok = check_limits("retention.topics", as_override(r.topics)); !ok) return ok;
+  for (const auto& [ns, o] : r.namespaces) {
+    if (auto valid = namespace_name::make(ns); !valid) {
+      return fail("retention.namespaces: " + valid.error().message());
+    }
+    const auto path = join("retention.namespaces", ns);
+    if (auto ok = check_limits(path + ".inbox", o.inbox); !ok) return ok;
+    if (auto ok = check_limits(path + ".topics", o.topics); !ok) return ok;
+  }
+  return {};
 }
 
 result<void> check_job(const std::string& path, const job_override& o) {
@@ -682,6 +768,23 @@ job_config job_settings::to_job_config() const {
                     .decline_delay = std::chrono::milliseconds(decline_delay_ms)};
 }
 
+stream_limits stream_limits_override::over(const stream_limits& base) const {
+  stream_limits out = base;
+  if (max_age_s) out.max_age_s = *max_age_s;
+  if (max_bytes) out.max_bytes = *max_bytes;
+  return out;
+}
+
+stream_limits server_config::retention_section::inbox_of(std::string_view ns) const {
+  auto it = namespaces.find(ns);
+  return it == namespaces.end() ? inbox : it->second.inbox.over(inbox);
+}
+
+stream_limits server_config::retention_section::topics_of(std::string_view ns) const {
+  auto it = namespaces.find(ns);
+  return it == namespaces.end() ? topics : it->second.topics.over(topics);
+}
+
 job_settings job_override::over(const job_settings& base) const {
   job_settings out = base;
   if (lease_s) out.lease_s = *lease_s;
@@ -737,6 +840,13 @@ broker_config server_config::broker_for(const namespace_name& ns) const {
   out.registry_ttl = std::chrono::seconds(registry_ttl_s);
   out.default_job = default_job.to_job_config();
   for (const auto& [name, o] : jobs) out.jobs.emplace(name, o.over(default_job).to_job_config());
+  out.task_retention = std::chrono::seconds(retention.task_s);
+  const auto inbox = retention.inbox_of(ns.view());
+  out.inbox_max_age = std::chrono::seconds(inbox.max_age_s);
+  out.inbox_max_bytes = inbox.max_bytes > 0 ? inbox.max_bytes : -1;
+  const auto topics = retention.topics_of(ns.view());
+  out.topic_max_age = std::chrono::seconds(topics.max_age_s);
+  out.topic_max_bytes = topics.max_bytes > 0 ? topics.max_bytes : -1;
   return out;
 }
 
@@ -859,7 +969,7 @@ result<void> check_server_config(const server_config& c) {
                               join("schemas", type), amp::quoted(file)));
     }
   }
-  return {};
+  return check_retention(c.retention);
 }
 
 result<server_config> parse_server_config(std::string_view json) {

@@ -139,7 +139,13 @@ TEST_CASE("--help lists every flag and configuration key and exits 0", "[server]
                           "rate.burst",
                           "rate.bytes_per_s",
                           "budget.per_day",
-                          "schemas."}) {
+                          "schemas.",
+                          "retention.task_s",
+                          "retention.inbox.max_age_s",
+                          "retention.inbox.max_bytes",
+                          "retention.topics.max_age_s",
+                          "retention.topics.max_bytes",
+                          "retention.namespaces."}) {
     INFO(key);
     CHECK(contains(r.out, key));
   }
@@ -236,6 +242,21 @@ TEST_CASE("on the memory transport the server says at start that nothing is dura
   CHECK(contains(log, "\"level\":\"warn\""));
   CHECK(contains(log, "durable"));
   CHECK(contains(log, "\"transport\":\"memory\""));
+}
+
+TEST_CASE("a task retention under a day starts with a warning, a day or more without one",
+          "[server]") {
+  auto args = with_secret();
+  args.insert(args.end(), {"--set", "retention.task_s=60"});
+  auto shortened = server_process::start(args);
+  const auto log = shortened.log();
+  INFO(log);
+  CHECK(contains(log, R"("level":"warn","event":"short_task_retention","task_s":60)"));
+  auto standard = server_process::start(with_secret());
+  CHECK_FALSE(contains(standard.log(), "short_task_retention"));
+  auto r = server_process::run({"--secret", k_secret, "--set", "retention.task_s=59"});
+  CHECK(r.status == 2);
+  CHECK(contains(r.err, "retention.task_s: must be an integer from 60 to 315360000, not 59"));
 }
 
 TEST_CASE("HTTP beside the WebSocket: /healthz, /readyz, /metrics and 404", "[server][http]") {

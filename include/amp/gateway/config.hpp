@@ -45,6 +45,19 @@
 /// - `policy.<p>.budget.per_day` (`null`, unlimited): `null` or an integer >= 0.
 /// - `schemas.<type>` (none): a JSON Schema (draft 7) file for the `body` of messages of
 ///   that type.
+/// - `retention.task_s` (`86400`, amp's): an ended task's record, history and idempotency
+///   binding are removed this long after the end; 60..315360000 (10 years). Under 86400
+///   breaks the spec's promise of 24 hours: `amp-server` warns at start.
+/// - `retention.inbox.max_age_s` (`604800`, 7 days): unacked inbox messages older than
+///   this are dropped; 0 (no limit) or 60..315360000.
+/// - `retention.inbox.max_bytes` (`0`, no limit): the inbox stream of a namespace holds at
+///   most this; when full, `send` is `limit_exceeded`; 0 or 1048576..2^50.
+/// - `retention.topics.max_age_s` (`86400`): topic events are kept this long for replay;
+///   0 (no limit) or 60..315360000.
+/// - `retention.topics.max_bytes` (`0`, no limit): the oldest events go first beyond it;
+///   0 or 1048576..2^50.
+/// - `retention.namespaces.<ns>.inbox`, `….topics` (none): the same keys for one
+///   namespace, each left out taken from `retention.inbox` / `retention.topics`.
 ///
 /// `<job>` is `*` (every job not named) or a job name (`^[a-z][a-z0-9_-]{0,63}$`); `<p>` is
 /// `default` or `participants.<name>` with a participant name of the same grammar;
@@ -109,6 +122,26 @@ struct participant_policy_override {
 
   friend bool operator==(const participant_policy_override&,
                          const participant_policy_override&) = default;
+};
+
+/// The limits of a stream, in the units of the file (`retention.inbox`, `retention.topics`).
+struct stream_limits {
+  std::int64_t max_age_s = 0;  ///< 0: no age limit; else 60..315360000
+  std::int64_t max_bytes = 0;  ///< 0: no size limit; else 1048576..2^50
+
+  friend bool operator==(const stream_limits&, const stream_limits&) = default;
+};
+
+/// What `retention.namespaces.<ns>.inbox` (or `.topics`) sets; each key left out comes
+/// from `retention.inbox` (`.topics`).
+struct stream_limits_override {
+  std::optional<std::int64_t> max_age_s;
+  std::optional<std::int64_t> max_bytes;
+
+  /// `base` with the keys this override sets replaced.
+  stream_limits over(const stream_limits& base) const;
+
+  friend bool operator==(const stream_limits_override&, const stream_limits_override&) = default;
 };
 
 /// A job's lease, attempts and decline delay, in the units of the file (spec §7, §11).
@@ -212,6 +245,27 @@ struct server_config {
   /// `schemas`: message type -> JSON Schema file for its `body`.
   std::map<std::string, std::string, std::less<>> schemas;
 
+  /// `retention` (amp's): how long what the broker stores is kept.
+  struct retention_section {
+    int task_s = 86400;  ///< ended tasks kept this long; 60..315360000 (spec: >= 86400)
+    stream_limits inbox{.max_age_s = 604800, .max_bytes = 0};
+    stream_limits topics{.max_age_s = 86400, .max_bytes = 0};
+    /// `namespaces.<ns>`, by valid namespace name.
+    struct namespace_override {
+      stream_limits_override inbox;
+      stream_limits_override topics;
+      friend bool operator==(const namespace_override&, const namespace_override&) = default;
+    };
+    std::map<std::string, namespace_override, std::less<>> namespaces;
+
+    /// The inbox and topic limits of `ns`: its entry of `namespaces` over `inbox` and
+    /// `topics`.
+    stream_limits inbox_of(std::string_view ns) const;
+    stream_limits topics_of(std::string_view ns) const;
+
+    friend bool operator==(const retention_section&, const retention_section&) = default;
+  } retention;
+
   /// `listen` as written in the file: `host:port`, an IPv6 host in brackets.
   std::string listen() const;
 
@@ -232,8 +286,9 @@ struct server_config {
   /// The broker configuration of namespace `ns`: storage and replicas from `nats`
   /// (`storage_type::memory` and 1 replica without it), `inbox_ack_wait`,
   /// `inbox_window` and `registry_ttl` from the keys of the same names, `default_job`
-  /// from `jobs."*"` and `jobs` with every named job merged over it. The other members
-  /// keep the defaults of `broker_config`.
+  /// from `jobs."*"` and `jobs` with every named job merged over it, `task_retention`
+  /// and the inbox and topic limits from `retention` (with `ns`'s entry). The other
+  /// members keep the defaults of `broker_config`.
   broker_config broker_for(const namespace_name& ns) const;
 
   friend bool operator==(const server_config&, const server_config&) = default;

@@ -629,6 +629,65 @@ TEST_CASE("check_server_config refuses a configuration built badly by hand", "[c
   CHECK(message(c).starts_with("schemas: message type \"a b\""));
 }
 
+TEST_CASE("retention: defaults, keys, per-namespace entries and their errors", "[config]") {
+  const amp::server_config d;
+  CHECK(d.retention.task_s == 86400);
+  CHECK(d.retention.inbox == amp::stream_limits{.max_age_s = 604800, .max_bytes = 0});
+  CHECK(d.retention.topics == amp::stream_limits{.max_age_s = 86400, .max_bytes = 0});
+  const auto b = d.broker_for(ns("demo"));
+  CHECK(b.task_retention == 24h);
+  CHECK(b.inbox_max_age == 168h);
+  CHECK(b.inbox_max_bytes == -1);
+  CHECK(b.topic_max_age == 24h);
+  CHECK(b.topic_max_bytes == -1);
+
+  const auto c = parse(R"({"retention": {"task_s": 172800,
+      "inbox": {"max_bytes": 1073741824},
+      "topics": {"max_age_s": 0},
+      "namespaces": {"busy": {"inbox": {"max_age_s": 3600}, "topics": {"max_bytes": 2097152}}}}})");
+  const auto other = c.broker_for(ns("demo"));
+  CHECK(other.task_retention == 48h);
+  CHECK(other.inbox_max_age == 168h);  // left out: the default
+  CHECK(other.inbox_max_bytes == 1073741824);
+  CHECK(other.topic_max_age == 0s);  // no age limit
+  CHECK(other.topic_max_bytes == -1);
+  const auto busy = c.broker_for(ns("busy"));
+  CHECK(busy.task_retention == 48h);
+  CHECK(busy.inbox_max_age == 1h);
+  CHECK(busy.inbox_max_bytes == 1073741824);  // from retention.inbox
+  CHECK(busy.topic_max_age == 0s);
+  CHECK(busy.topic_max_bytes == 2097152);
+  // null removes a namespace's entry.
+  auto removed = c;
+  REQUIRE(amp::set_config_value(removed, "retention.namespaces.busy", "null"));
+  CHECK(removed.retention.namespaces.empty());
+
+  CHECK(error_of(R"({"retention": {"task_s": 59}})") ==
+        "retention.task_s: must be an integer from 60 to 315360000, not 59");
+  CHECK(parse(R"({"retention": {"task_s": 60}})").broker_for(ns("demo")).task_retention == 60s);
+  CHECK(error_of(R"({"retention": {"inbox": {"max_age_s": 30}}})") ==
+        "retention.inbox.max_age_s: must be 0 (no limit) or at least 60, not 30");
+  CHECK(error_of(R"({"retention": {"topics": {"max_bytes": 1000}}})") ==
+        "retention.topics.max_bytes: must be 0 (no limit) or at least 1048576, not 1000");
+  CHECK(error_of(R"({"retention": {"inbox": {"max_bytes": -1}}})") ==
+        "retention.inbox.max_bytes: must be an integer from 0 to 1125899906842624, not -1");
+  CHECK(error_of(R"({"retention": {"namespaces": {"Busy": {}}}})")
+            .starts_with("retention.namespaces: namespace \"Busy\": upper case"));
+  CHECK(error_of(R"({"retention": {"namespaces": {"busy": {"inbox": {"max_age_s": 1}}}}})") ==
+        "retention.namespaces.busy.inbox.max_age_s: must be 0 (no limit) or at least 60, not 1");
+  CHECK(error_of(R"({"retention": {"namespaces": {"busy": {"queue": {}}}}})")
+            .starts_with("unknown key \"retention.namespaces.busy.queue\""));
+  CHECK(error_of(R"({"retention": {"task_s": "1d"}})") ==
+        "retention.task_s: must be an integer from 60 to 315360000, not \"1d\"");
+
+  auto built = amp::server_config{};
+  built.retention.namespaces["busy"].topics.max_age_s = 5;
+  auto refused = amp::check_server_config(built);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().message() ==
+        "retention.namespaces.busy.topics.max_age_s: must be 0 (no limit) or at least 60, not 5");
+}
+
 TEST_CASE("broker_for maps the settings to the broker configuration of a namespace", "[config]") {
   SECTION("memory transport") {
     const auto c = parse(R"({"inbox_ack_s": 45, "inbox_window": 16, "registry_ttl_s": 20,
