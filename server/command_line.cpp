@@ -60,6 +60,8 @@ server with a message naming the key):
   registry_ttl_s               30                 1..86400
   inbox_ack_s                  30                 1..86400
   inbox_window                 64                 1..10000
+  inbox_idle_s                 604800             60..31536000; an inbox consumer idle this
+                                                  long is removed, its messages kept
   jobs.<job>.lease_s           30                 1..86400 (<job>: a job name or "*")
   jobs.<job>.max_attempts      3                  1..100
   jobs.<job>.decline_delay_ms  1000               0..86400000

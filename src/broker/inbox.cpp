@@ -35,6 +35,7 @@ struct inbox_settings {
   stream_config stream_settings;
   duration ack_wait;
   std::size_t window;
+  duration idle;  // the consumer's inactive_threshold
 };
 
 // The state of one `inbox` object. Readers keep it (and so the transport) alive.
@@ -91,7 +92,8 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
                            .ack_wait = settings_->ack_wait,
                            .max_ack_pending = static_cast<std::int64_t>(settings_->window),
                            .max_deliver = -1,
-                           .deliver = deliver_policy::all};
+                           .deliver = deliver_policy::all,
+                           .inactive_threshold = settings_->idle};
     auto r = backend->ensure_consumer(config);
     if (!r && r.error().code() == errc::conflict) {
       // Made by a configuration with another AckWait or window: this one applies now.
@@ -184,7 +186,13 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     backend->async_acknowledge(msg, kind, delay,
                                [self = shared_from_this(), f = std::move(f),
                                 done = std::move(done)](result<void> r) mutable {
-                                 if (!r) self->restore(std::move(f));
+                                 if (!r && r.error().code() == errc::not_found) {
+                                   // The consumer is gone (idle too long): its successor
+                                   // delivers the message again.
+                                   self->consumer_gone();
+                                 } else if (!r) {
+                                   self->restore(std::move(f));
+                                 }
                                  if (done) done(std::move(r));
                                });
     kick();
@@ -342,6 +350,12 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     }
     // The consumer (or the stream) was deleted: make it again, off the transport thread.
     lock.unlock();
+    consumer_gone();
+  }
+
+  // The backend no longer has the consumer (deleted, or removed after `idle`): forgets it
+  // was made and makes it again, off the transport thread, then carries on.
+  void consumer_gone() {
     {
       std::lock_guard ensure(ensure_mu_);
       ensured_ = false;
@@ -533,6 +547,9 @@ result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
   if (config.inbox_ack_wait <= duration::zero()) {
     return unexpected(errc::bad_request, "inbox_ack_wait must be positive");
   }
+  if (config.inbox_idle_consumer < duration::zero()) {
+    return unexpected(errc::bad_request, "inbox_idle_consumer must not be negative");
+  }
   auto stream = subjects::inbox_stream(config.ns);
   auto settings = std::make_shared<detail::inbox_settings>(detail::inbox_settings{
       .ns = config.ns,
@@ -548,7 +565,8 @@ result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
                         .duplicate_window = config.duplicate_window,
                         .replicas = config.replicas},
       .ack_wait = config.inbox_ack_wait,
-      .window = static_cast<std::size_t>(config.inbox_window)});
+      .window = static_cast<std::size_t>(config.inbox_window),
+      .idle = config.inbox_idle_consumer});
   // JetStream refuses a duplicate window longer than the max age.
   auto& sc = settings->stream_settings;
   if (sc.max_age > duration::zero())

@@ -43,6 +43,7 @@ constexpr int_range k_max_age_s{0, 315360000};          // 0: none; else at leas
 constexpr std::int64_t k_min_max_age_s = 60;
 constexpr int_range k_max_bytes{0, std::int64_t{1} << 50};  // 0: none; else at least 1 MiB
 constexpr std::int64_t k_min_max_bytes = 1048576;
+constexpr int_range k_inbox_idle_s{60, 31536000};  // a minute .. 365 days
 constexpr int_range k_lease_s{1, 86400};
 constexpr int_range k_max_attempts{1, 100};
 constexpr int_range k_decline_delay_ms{0, 86400000};
@@ -611,7 +612,7 @@ result<void> apply_root(dom::element root, server_config& c) {
   return for_members(
       root, "",
       {"listen", "tls", "nats", "auth", "heartbeat_s", "registry_ttl_s", "inbox_ack_s",
-       "inbox_window", "jobs", "limits", "policy", "schemas", "retention"},
+       "inbox_window", "inbox_idle_s", "jobs", "limits", "policy", "schemas", "retention"},
       [&](std::string_view key, dom::element v, const std::string& p) -> result<void> {
         if (key == "listen") return apply_listen(v, c);
         if (key == "tls") return apply_tls(v, p, c.tls);
@@ -621,6 +622,7 @@ result<void> apply_root(dom::element root, server_config& c) {
         if (key == "registry_ttl_s") return set_int(v, p, k_period_s, c.registry_ttl_s);
         if (key == "inbox_ack_s") return set_int(v, p, k_period_s, c.inbox_ack_s);
         if (key == "inbox_window") return set_int(v, p, k_inbox_window, c.inbox_window);
+        if (key == "inbox_idle_s") return set_int(v, p, k_inbox_idle_s, c.inbox_idle_s);
         if (key == "jobs") return apply_jobs(v, p, c);
         if (key == "limits") return apply_limits(v, p, c.limits);
         if (key == "policy") return apply_policies(v, p, c);
@@ -837,6 +839,7 @@ broker_config server_config::broker_for(const namespace_name& ns) const {
   }
   out.inbox_ack_wait = std::chrono::seconds(inbox_ack_s);
   out.inbox_window = inbox_window;
+  out.inbox_idle_consumer = std::chrono::seconds(inbox_idle_s);
   out.registry_ttl = std::chrono::seconds(registry_ttl_s);
   out.default_job = default_job.to_job_config();
   for (const auto& [name, o] : jobs) out.jobs.emplace(name, o.over(default_job).to_job_config());
@@ -918,6 +921,7 @@ result<void> check_server_config(const server_config& c) {
   if (auto r = check_int("registry_ttl_s", c.registry_ttl_s, k_period_s); !r) return r;
   if (auto r = check_int("inbox_ack_s", c.inbox_ack_s, k_period_s); !r) return r;
   if (auto r = check_int("inbox_window", c.inbox_window, k_inbox_window); !r) return r;
+  if (auto r = check_int("inbox_idle_s", c.inbox_idle_s, k_inbox_idle_s); !r) return r;
   if (c.registry_ttl_s <= c.heartbeat_s) {
     return fail(fmt::format("registry_ttl_s: must be greater than heartbeat_s ({}), not {}",
                             c.heartbeat_s, c.registry_ttl_s));

@@ -821,6 +821,7 @@ consumer_config from_js(const std::string& stream, const jsConsumerConfig& c) {
   out.durable = c.Durable ? c.Durable : (c.Name ? c.Name : "");
   out.filter_subject = c.FilterSubject ? c.FilterSubject : "";
   out.ack_wait = from_ns(c.AckWait);
+  out.inactive_threshold = c.InactiveThreshold > 0 ? from_ns(c.InactiveThreshold) : duration{};
   out.max_ack_pending =
       c.MaxAckPending > 0 && c.MaxAckPending < k_unlimited_ack_pending ? c.MaxAckPending : -1;
   out.max_deliver = c.MaxDeliver > 0 ? c.MaxDeliver : -1;
@@ -1156,11 +1157,24 @@ class jetstream_backend final : public transport,
                    : "-NAK";
         break;
     }
-    conn_->request(msg.ack_token, std::move(body), {}, conn_->deadline(),
-                   [done = std::move(done)](result<nats_reply> r) {
-                     if (!r) return done(std::move(r).error());
-                     done({});
-                   });
+    // Nobody serves the ack subject of a consumer that is gone (deleted, or removed by
+    // its inactive_threshold): that is `not_found`, not a retry until the deadline.
+    connection::responders_check gone;
+    if (auto fields = ack_fields(msg.ack_token)) {
+      gone = [weak = weak_from_this(), stream = std::string((*fields)[0]),
+              durable = std::string((*fields)[1])](auto verdict) {
+        auto self = weak.lock();
+        if (!self) return verdict(error(errc::unavailable, "transport closed"));
+        self->check_consumer(stream, durable, std::move(verdict));
+      };
+    }
+    conn_->request(
+        msg.ack_token, std::move(body), {}, conn_->deadline(),
+        [done = std::move(done)](result<nats_reply> r) {
+          if (!r) return done(std::move(r).error());
+          done({});
+        },
+        std::move(gone));
   }
 
   result<std::unique_ptr<subscription>> subscribe_ordered(
@@ -1712,6 +1726,7 @@ class jetstream_backend final : public transport,
     cc.Durable = config.durable.c_str();
     cc.AckPolicy = js_AckExplicit;
     cc.AckWait = to_ns(config.ack_wait);
+    cc.InactiveThreshold = to_ns(config.inactive_threshold);  // sent when > 0
     cc.MaxAckPending =
         config.max_ack_pending > 0 ? config.max_ack_pending : k_unlimited_ack_pending;
     cc.MaxDeliver = config.max_deliver > 0 ? config.max_deliver : -1;
@@ -1858,7 +1873,17 @@ class jetstream_backend final : public transport,
         deadline,
         [self, f, n, expires, received](natsMsg* m) {
           auto status = header_value(m, "Status");
-          if (!status.empty() || natsMsg_IsNoResponders(m)) {
+          if (natsMsg_IsNoResponders(m)) {
+            // Nobody serves the consumer's pulls: it may be gone behind `known_`'s back
+            // (removed by its inactive_threshold).
+            self->check_consumer(f->stream, f->durable,
+                                 [self, f, n, expires, received](std::optional<error> e) {
+                                   if (e) return self->fail_fetch(f, std::move(*e));
+                                   self->after_pull(f, n, expires, *received);
+                                 });
+            return true;
+          }
+          if (!status.empty()) {
             auto desc = header_value(m, "Description");
             if (status == "409" && desc.find("Deleted") != std::string::npos) {
               self->fail_fetch(f, error(errc::not_found,
@@ -1933,7 +1958,12 @@ class jetstream_backend final : public transport,
                        return verdict(error(errc::internal, "consumer info: bad JSON"));
                      }
                      auto what = fmt::format("consumer \"{}\" of stream \"{}\"", durable, stream);
-                     if (auto e = api_error(doc, what)) return verdict(std::move(*e));
+                     if (auto e = api_error(doc, what)) {
+                       if (e->code() == errc::not_found) {
+                         self->remember_consumer(stream, durable, false);
+                       }
+                       return verdict(std::move(*e));
+                     }
                      std::string_view description;
                      simdjson::dom::element config;
                      if (doc["config"].get(config) == simdjson::SUCCESS) {

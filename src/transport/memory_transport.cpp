@@ -90,6 +90,11 @@ struct consumer_state {
   std::deque<fetch_waiter> waiters;
   timer_id wake_timer = 0;
   time_point wake_at;
+  // With an inactive_threshold: the last use, and one timer that looks again at or after
+  // last use + threshold (a use moves `last_used` only; the timer re-arms itself).
+  time_point last_used;
+  timer_id idle_timer = 0;
+  time_point idle_at;
 };
 
 // A filter without wildcards matches one subject: itself.
@@ -195,6 +200,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     for (auto& [name, s] : streams_) {
       for (auto& [cname, c] : s.consumers) {
         if (c.wake_timer) clock_->cancel(c.wake_timer);
+        if (c.idle_timer) clock_->cancel(c.idle_timer);
       }
     }
     for (auto id : ttl_timers_) clock_->cancel(id);
@@ -267,7 +273,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     std::lock_guard lock(mu_);
     auto it = streams_.find(std::string(stream));
     if (it == streams_.end()) return missing("stream", stream);
-    for (auto& [cname, c] : it->second.consumers) fail_waiters(c, cname, after);
+    for (auto& [cname, c] : it->second.consumers) {
+      fail_waiters(c, cname, after);
+      if (c.idle_timer) clock_->cancel(c.idle_timer);
+    }
     for (auto& sub : it->second.subs) sub->queue->stop();
     streams_.erase(it);
     return {};
@@ -332,6 +341,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     c.next_seq = start_sequence(*s, config.filter_subject, config.deliver, config.start_seq,
                                 config.start_time);
     s->index(c);
+    used(*s, c);
     return info(*s, c);
   }
 
@@ -356,6 +366,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (refiltered) s->unindex(it->second);
     old = config;
     if (refiltered) s->index(it->second);
+    used(*s, it->second);
     serve_waiters(*s, it->second, after);
     return info(*s, it->second);
   }
@@ -382,13 +393,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (!s) return missing("stream", stream);
     auto it = s->consumers.find(durable);
     if (it == s->consumers.end()) return missing("consumer", durable);
-    auto& c = it->second;
-    fail_waiters(c, durable, after);
-    for (const auto& [seq, p] : c.pending) {
-      if (auto m = s->msgs.find(seq); m != s->msgs.end()) std::erase(m->second.holders, &c);
-    }
-    s->unindex(c);
-    s->consumers.erase(it);
+    remove_consumer(*s, it, after);
     return {};
   }
 
@@ -409,6 +414,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     auto& c = it->second;
     expire_messages(*s);
     auto now = clock_->now();
+    used(*s, c);
     // Earlier waiters are served first; a new request only takes what they left.
     std::vector<message> got;
     if (c.waiters.empty()) got = collect(*s, c, request.batch, now);
@@ -979,12 +985,14 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       if (w.deadline <= now) {
         after.complete<std::vector<message>>(std::move(w.done), std::vector<message>{});
         c.waiters.pop_front();
+        used(s, c);
         continue;
       }
       auto got = collect(s, c, w.batch, now);
       if (got.empty()) break;
       after.complete<std::vector<message>>(std::move(w.done), std::move(got));
       c.waiters.pop_front();
+      used(s, c);
     }
     arm_wake(s, c);
   }
@@ -1036,6 +1044,65 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     serve_waiters(*s, it->second, after);
   }
 
+  // Removes a consumer; what it had pending stays in the stream for others.
+  void remove_consumer(stream_state_impl& s,
+                       std::map<std::string, consumer_state, std::less<>>::iterator it,
+                       deferred& after) {
+    auto& c = it->second;
+    fail_waiters(c, it->first, after);
+    if (c.idle_timer) clock_->cancel(c.idle_timer);
+    for (const auto& [seq, p] : c.pending) {
+      if (auto m = s.msgs.find(seq); m != s.msgs.end()) std::erase(m->second.holders, &c);
+    }
+    s.unindex(c);
+    s.consumers.erase(it);
+  }
+
+  // Records a use of a consumer with an inactive_threshold (JetStream: a create, update,
+  // pull or acknowledgement; not an info request).
+  void used(stream_state_impl& s, consumer_state& c) {
+    c.last_used = clock_->now();
+    arm_idle(s, c);
+  }
+
+  // Keeps the idle timer at or before last use + threshold.
+  void arm_idle(stream_state_impl& s, consumer_state& c) {
+    auto threshold = c.config.inactive_threshold;
+    if (threshold <= duration::zero()) {
+      if (c.idle_timer) clock_->cancel(c.idle_timer);
+      c.idle_timer = 0;
+      return;
+    }
+    auto at = c.last_used + threshold;
+    if (c.idle_timer && c.idle_at <= at) return;  // it fires first and looks again
+    if (c.idle_timer) clock_->cancel(c.idle_timer);
+    c.idle_at = at;
+    std::weak_ptr<memory_backend> weak = weak_from_this();
+    c.idle_timer = clock_->call_at(
+        at, [weak, stream = s.config.name, durable = c.config.durable, uid = c.uid] {
+          if (auto self = weak.lock()) self->on_idle(stream, durable, uid);
+        });
+  }
+
+  void on_idle(const std::string& stream, const std::string& durable, std::uint64_t uid) {
+    deferred after(sink_);
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(stream);
+    if (!s) return;
+    auto it = s->consumers.find(durable);
+    if (it == s->consumers.end() || it->second.uid != uid) return;
+    auto& c = it->second;
+    c.idle_timer = 0;
+    auto now = clock_->now();
+    if (!c.waiters.empty()) c.last_used = now;  // a waiting fetch is use
+    if (c.config.inactive_threshold > duration::zero() &&
+        c.last_used + c.config.inactive_threshold <= now) {
+      remove_consumer(*s, it, after);
+      return;
+    }
+    arm_idle(*s, c);
+  }
+
   result<void> acknowledge_locked(const message& msg, ack_kind kind, duration nak_delay,
                                   deferred& after) {
     // $MEM.<instance>.<stream>.<consumer>.<uid>.<seq>.<delivery>
@@ -1062,6 +1129,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     auto cit = s->consumers.find(parts[3]);
     if (cit == s->consumers.end() || cit->second.uid != uid) return missing("consumer", parts[3]);
     auto& c = cit->second;
+    used(*s, c);
     auto pit = c.pending.find(seq);
     if (pit == c.pending.end()) return {};  // no longer pending: JetStream ignores it
     auto now = clock_->now();

@@ -62,6 +62,11 @@ inline result<void> validate(const consumer_config& c) {
     return unexpected(errc::bad_request,
                       fmt::format("consumer \"{}\": ack_wait must be positive", c.durable));
   }
+  if (c.inactive_threshold < duration::zero()) {
+    return unexpected(
+        errc::bad_request,
+        fmt::format("consumer \"{}\": inactive_threshold must not be negative", c.durable));
+  }
   if (c.max_ack_pending == 0 || c.max_deliver == 0) {
     return unexpected(errc::bad_request,
                       fmt::format("consumer \"{}\": max_ack_pending and max_deliver must be "
@@ -153,6 +158,7 @@ inline std::string differing_setting(const consumer_config& a, const consumer_co
   if (a.ack_wait != b.ack_wait) return "ack_wait";
   if (a.max_ack_pending != b.max_ack_pending) return "max_ack_pending";
   if (a.max_deliver != b.max_deliver) return "max_deliver";
+  if (a.inactive_threshold != b.inactive_threshold) return "inactive_threshold";
   if (a.deliver != b.deliver || a.start_seq != b.start_seq || a.start_time != b.start_time) {
     return "deliver policy";
   }

@@ -128,6 +128,7 @@ TEST_CASE("--help lists every flag and configuration key and exits 0", "[server]
                           "registry_ttl_s",
                           "inbox_ack_s",
                           "inbox_window",
+                          "inbox_idle_s",
                           "lease_s",
                           "max_attempts",
                           "decline_delay_ms",

@@ -61,6 +61,11 @@ struct broker_config {
   /// made with other limits is changed to these when the inbox opens.
   duration inbox_max_age = std::chrono::hours(24 * 7);
   std::int64_t inbox_max_bytes = -1;
+  /// Inbox: a participant's consumer (`inbox_<participant>`) that has been idle this long
+  /// (no reader attached, so no fetch waiting, and no ack) is removed by the backend
+  /// (`consumer_config::inactive_threshold`); its messages stay in the inbox stream and
+  /// are all delivered when a reader attaches again. Zero: never removed.
+  duration inbox_idle_consumer = std::chrono::hours(24 * 7);
 
   /// Topics: how long the topic stream keeps events for replay (zero: no age limit), and
   /// how many bytes at most (zero or less: no limit); the oldest go first. A topic stream

@@ -28,6 +28,8 @@
 /// - `registry_ttl_s` (`30`): 1..86400, greater than `heartbeat_s`.
 /// - `inbox_ack_s` (`30`): 1..86400.
 /// - `inbox_window` (`64`): 1..10000.
+/// - `inbox_idle_s` (`604800`, 7 days): 60..31536000 (365 days); a participant's inbox
+///   consumer idle this long (no session reading, no ack) is removed, its messages kept.
 /// - `jobs.<job>.lease_s` (`30`): 1..86400.
 /// - `jobs.<job>.max_attempts` (`3`): 1..100.
 /// - `jobs.<job>.decline_delay_ms` (`1000`): 0..86400000 (one day).
@@ -220,6 +222,8 @@ struct server_config {
   int registry_ttl_s = 30;  ///< registry entries expire after this; 1..86400
   int inbox_ack_s = 30;     ///< unacked inbox messages come again after this; 1..86400
   int inbox_window = 64;    ///< unacked inbox messages in flight per participant; 1..10000
+  /// A participant's inbox consumer idle this long is removed (messages kept); 60..31536000
+  int inbox_idle_s = 604800;
 
   /// `jobs."*"`: every job not in `jobs`.
   job_settings default_job;

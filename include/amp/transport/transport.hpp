@@ -157,6 +157,14 @@ struct consumer_config {
   deliver_policy deliver = deliver_policy::all;
   std::uint64_t start_seq = 0;  ///< with `by_start_sequence`
   time_point start_time{};      ///< with `by_start_time`
+  /// Zero: never. Otherwise the backend deletes the consumer (as `delete_consumer` does)
+  /// once it has had no fetch waiting and no fetch, acknowledgement, create or update for
+  /// this long; `consumer_info_of` is not use. What it had delivered but not acked stays
+  /// in the stream (on a work-queue stream a consumer made again gets it). JetStream's
+  /// `inactive_threshold` (honoured on durables by nats-server 2.9 and later), which
+  /// checks now and then: it may remove the consumer up to about one more threshold
+  /// later, never earlier. The memory transport removes it at last use + threshold.
+  duration inactive_threshold = duration::zero();
 
   friend bool operator==(const consumer_config&, const consumer_config&) = default;
 };
@@ -315,9 +323,9 @@ class transport {
   /// overlaps another consumer's is `conflict` and `deliver` must be `all`
   /// (`bad_request` otherwise).
   virtual result<consumer_info> ensure_consumer(const consumer_config& config) = 0;
-  /// Changes an existing consumer's `filter_subject`, `ack_wait`, `max_ack_pending` or
-  /// `max_deliver`. `not_found` when missing; `conflict` for an overlapping work-queue
-  /// filter or a change of stream or start position.
+  /// Changes an existing consumer's `filter_subject`, `ack_wait`, `max_ack_pending`,
+  /// `max_deliver` or `inactive_threshold` (an update counts as use). `not_found` when missing;
+  /// `conflict` for an overlapping work-queue filter or a change of stream or start position.
   virtual result<consumer_info> update_consumer(const consumer_config& config) = 0;
   virtual result<consumer_info> consumer_info_of(std::string_view stream,
                                                  std::string_view durable) = 0;
@@ -338,7 +346,8 @@ class transport {
   /// or from an earlier delivery that was since redelivered and acked) changes nothing
   /// and succeeds; one from an earlier delivery of a message still pending applies to it.
   /// `nak_delay` is used by `nak` only. `bad_request` for a token this transport did not
-  /// issue.
+  /// issue; `not_found` when the consumer that delivered the message no longer exists
+  /// (deleted, or removed by `inactive_threshold`: the message stays in the stream).
   virtual void async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
                                  completion<void> done) = 0;
   result<void> ack(const message& msg);

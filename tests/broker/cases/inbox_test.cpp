@@ -45,12 +45,29 @@ struct setup {
   broker_config cfg = config_for(*fx);
   std::shared_ptr<inbox> box;
 
-  explicit setup(duration ack_wait = 1s, int window = 64) {
+  explicit setup(duration ack_wait = 1s, int window = 64,
+                 duration idle = std::chrono::hours(24 * 7)) {
     cfg.inbox_ack_wait = ack_wait;
     cfg.inbox_window = window;
+    cfg.inbox_idle_consumer = idle;
     box = must(inbox::open(fx->shared_transport(), cfg));
   }
 };
+
+// Whether participant `who` has an inbox consumer.
+bool has_consumer(fixture& fx, const broker_config& cfg, std::string_view who) {
+  auto r = fx.transport().consumer_info_of(subjects::inbox_stream(cfg.ns),
+                                           subjects::inbox_consumer(pname(who)));
+  if (!r && r.error().code() != errc::not_found) FAIL(r.error().to_string());
+  return r.has_value();
+}
+
+// Waits until the backend has removed `who`'s idle consumer: on a manual clock the case
+// has advanced past the idle time; JetStream notices idleness now and then.
+bool consumer_removed(fixture& fx, const broker_config& cfg, std::string_view who) {
+  if (!fx.real_time()) return !has_consumer(fx, cfg, who);
+  return eventually([&] { return !has_consumer(fx, cfg, who); }, 15s);
+}
 
 }  // namespace
 
@@ -657,6 +674,93 @@ TEST_CASE("inbox: two inbox objects on one namespace share the participant's win
   REQUIRE(eventually([&] { return here.size() + there.size() >= 2; }));
   quiet_period(*s.fx);
   CHECK(here.size() + there.size() == 2);
+}
+
+// ----- idle consumers (inbox_idle_consumer) ------------------------------------------------
+
+TEST_CASE(
+    "inbox: a participant away longer than inbox_idle_consumer loses its consumer, "
+    "not its messages",
+    "[inbox][idle]") {
+  setup s(30s, 64, 1s);
+  auto m1 = must(s.box->send(note("bob", "alice", R"({"n":1})")));
+  auto m2 = must(s.box->send(note("bob", "alice", R"({"n":2})")));
+  inbox_log first;
+  auto reader = must(s.box->attach(pname("bob"), first.callback()));
+  REQUIRE(first.reaches(2));
+  must(reader->ack(m1.seq));
+  reader->stop();  // m2 is handed back, unacked
+  auto m3 = must(s.box->send(note("bob", "alice", R"({"n":3})")));
+
+  // The fetch that was out when bob left ends after 5 s; 1 s later the consumer is idle.
+  if (!s.fx->real_time()) s.fx->advance(7s);
+  REQUIRE(consumer_removed(*s.fx, s.cfg, "bob"));
+  auto m4 = must(s.box->send(note("bob", "alice", R"({"n":4})")));
+  CHECK(stored_messages(*s.fx, s.cfg) == 3);
+
+  // Back again: everything not acked comes, once each, m1 never again. The stopped
+  // reader still holds bob's mailbox, which believes the consumer exists: its first fetch
+  // finds it gone and makes it again (on JetStream a pull on a missing consumer is not
+  // answered, so that takes the transport's op_timeout).
+  inbox_log second;
+  auto again = must(s.box->attach(pname("bob"), second.callback()));
+  REQUIRE(second.reaches(3, 20s));
+  CHECK(has_consumer(*s.fx, s.cfg, "bob"));
+  std::vector<std::uint64_t> seqs;
+  for (const auto& m : second.all()) seqs.push_back(m.seq);
+  CHECK(seqs == std::vector<std::uint64_t>{m2.seq, m3.seq, m4.seq});
+  CHECK(second.at(1).env.body == R"({"n":3})");
+  for (auto seq : seqs) must(again->ack(seq));
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
+  quiet_period(*s.fx);
+  CHECK(second.size() == 3);
+  CHECK(first.size() == 2);
+}
+
+TEST_CASE("inbox: a reader whose consumer was removed under it gets it made again",
+          "[inbox][idle]") {
+  // The window is full (one message, not acked), so no fetch is out: the consumer idles
+  // while the reader is attached and the mailbox believes it exists.
+  setup s(30s, 1, 1s);
+  auto m1 = must(s.box->send(note("bob", "alice", R"({"n":1})")));
+  auto m2 = must(s.box->send(note("bob", "alice", R"({"n":2})")));
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.callback()));
+  REQUIRE(log.reaches(1));
+  CHECK(log.at(0).seq == m1.seq);
+  if (!s.fx->real_time()) s.fx->advance(1s);
+  REQUIRE(consumer_removed(*s.fx, s.cfg, "bob"));
+
+  // The ack cannot reach the consumer that delivered m1: it says so, and the mailbox makes
+  // the consumer again, which delivers m1 afresh.
+  std::atomic<int> acked{-1};
+  reader->async_ack(m1.seq, [&](result<void> r) { acked = static_cast<int>(code_of(r)); });
+  CHECK(eventually([&] { return acked.load() == static_cast<int>(errc::not_found); }));
+  REQUIRE(log.reaches(2));
+  CHECK(log.at(1).seq == m1.seq);
+  CHECK(has_consumer(*s.fx, s.cfg, "bob"));
+  must(reader->ack(m1.seq));
+  REQUIRE(log.reaches(3));
+  CHECK(log.at(2).seq == m2.seq);
+  must(reader->ack(m2.seq));
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
+  quiet_period(*s.fx);
+  CHECK(log.size() == 3);
+}
+
+TEST_CASE("inbox: an attached reader with nothing to read keeps its consumer", "[inbox][idle]") {
+  setup s(30s, 64, 1s);
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.callback()));
+  // Six idle times, and the reader's fetch (5 s) has been issued again once.
+  s.fx->advance(6s);
+  CHECK(has_consumer(*s.fx, s.cfg, "bob"));
+  auto sent = must(s.box->send(note("bob", "alice")));
+  REQUIRE(log.reaches(1));
+  CHECK(log.at(0).seq == sent.seq);
+  must(reader->ack(sent.seq));
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
+  CHECK(has_consumer(*s.fx, s.cfg, "bob"));
 }
 
 }  // namespace amp::broker_testing

@@ -750,5 +750,150 @@ TEST_CASE("max_ack_pending -1 leaves outstanding deliveries unlimited", "[consum
   CHECK(info_of(t, c).num_ack_pending == total);
 }
 
+// ----- inactive_threshold ---------------------------------------------------------------
+
+namespace idle {
+
+// Whether the consumer is gone. On a manual clock the case has advanced past the
+// threshold, so it must be gone now; JetStream looks for idle consumers now and then
+// (seen: up to about one more threshold later), so wait for it in real time. Asking for
+// the consumer's info is no use of it on either backend.
+bool removed(fixture& fx, transport& t, const consumer_config& c) {
+  auto gone = [&] { return code_of(t.consumer_info_of(c.stream, c.durable)) == errc::not_found; };
+  if (!fx.real_time()) return gone();
+  return amp::testing::eventually(10s, gone, 100ms);
+}
+
+}  // namespace idle
+
+TEST_CASE("a consumer idle for its inactive_threshold is removed, its unacked messages stay",
+          "[consumers][idle][time]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "idle", retention_policy::work_queue);
+  auto s = create_stream(t, sc);
+  auto c = consumer_cfg(*fx, sc, subject_in(sc, "a"));
+  c.inactive_threshold = 1s;
+  auto forever = consumer_cfg(*fx, sc, subject_in(sc, "b"));  // zero: never removed
+  CHECK(must(t.ensure_consumer(c)).config == c);
+  must(t.ensure_consumer(forever));
+  // The backend reports the threshold as it was set, so ensuring it again is no conflict;
+  // another threshold is.
+  CHECK(info_of(t, c).config == c);
+  CHECK(must(t.ensure_consumer(c)).config == c);
+  auto other = c;
+  other.inactive_threshold = 2s;
+  CHECK(code_of(t.ensure_consumer(other)) == errc::conflict);
+
+  for (int i = 0; i < 3; ++i) publish_ok(t, subject_in(sc, "a"));
+  publish_ok(t, subject_in(sc, "b"));
+  auto got = fetch_now(t, c, 2);
+  REQUIRE(seqs_of(got) == std::vector<std::uint64_t>{1, 2});
+  must(t.ack(got[0]));  // the last use
+  auto last_use = std::chrono::steady_clock::now();
+
+  if (!fx->real_time()) {
+    fx->advance(999ms);
+    CHECK(info_of(t, c).num_ack_pending == 1);  // not before the threshold
+    fx->advance(1ms);
+  }
+  REQUIRE(idle::removed(*fx, t, c));
+  CHECK(std::chrono::steady_clock::now() - last_use >= (fx->real_time() ? 1s : 0s));
+  CHECK(code_of(t.fetch(sc.name, c.durable, {.batch = 1, .max_wait = 0s})) == errc::not_found);
+  CHECK(code_of(t.ack(got[1])) == errc::not_found);  // its deliverer is gone
+
+  // Message 2 (delivered, unacked) and 3 (never delivered) are still in the stream, and a
+  // consumer made again gets them; the consumer without a threshold is still there.
+  CHECK(state_of(t, sc.name).messages == 3);
+  CHECK(state_of(t, sc.name).consumers == 1);
+  CHECK(info_of(t, forever).config == forever);
+  CHECK(must(t.ensure_consumer(c)).num_pending == 2);
+  auto again = fetch_now(t, c, 10);
+  REQUIRE(seqs_of(again) == std::vector<std::uint64_t>{2, 3});
+  CHECK(again[0].delivery_count == 1);
+  for (const auto& m : again) must(t.ack(m));
+  CHECK(seqs_of(fetch_now(t, forever, 10)) == std::vector<std::uint64_t>{4});
+  CHECK(info_of(t, forever).config == forever);
+}
+
+TEST_CASE("a consumer in use is not removed by its inactive_threshold", "[consumers][idle][time]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "busy", retention_policy::work_queue);
+  auto s = create_stream(t, sc);
+  auto c = consumer_cfg(*fx, sc);
+  c.inactive_threshold = 1s;
+  must(t.ensure_consumer(c));
+  publish_ok(t, subject_in(sc, "a"));
+  publish_ok(t, subject_in(sc, "a"));
+
+  // A fetch, an acknowledgement of each kind and a fetch again, every half threshold:
+  // together longer than two thresholds.
+  fx->advance(500ms);
+  auto first = fetch_now(t, c);
+  REQUIRE(first.size() == 1);
+  fx->advance(500ms);
+  must(t.in_progress(first[0]));
+  fx->advance(500ms);
+  must(t.nak(first[0]));
+  fx->advance(500ms);
+  auto redelivered = fetch_now(t, c);
+  REQUIRE(redelivered.size() == 1);
+  CHECK(redelivered[0].delivery_count == 2);
+  fx->advance(500ms);
+  must(t.ack(redelivered[0]));
+  fx->advance(500ms);
+  CHECK(info_of(t, c).config == c);
+
+  // A fetch waiting for twice the threshold is use all along.
+  auto rest = fetch_now(t, c);
+  REQUIRE(rest.size() == 1);
+  must(t.ack(rest[0]));
+  completion_probe<std::vector<message>> probe;
+  t.async_fetch(sc.name, c.durable, {.batch = 1, .max_wait = 30s}, probe.handler());
+  fx->advance(2s);
+  CHECK_FALSE(probe.done());
+  CHECK(info_of(t, c).config == c);
+  publish_ok(t, subject_in(sc, "a"), "wake");
+  auto woken = probe.get();
+  REQUIRE(woken.has_value());
+  REQUIRE(woken->size() == 1);
+  must(t.ack((*woken)[0]));
+
+  // Then, idle, it goes.
+  fx->advance(1s);
+  CHECK(idle::removed(*fx, t, c));
+  CHECK(state_of(t, sc.name).messages == 0);
+}
+
+TEST_CASE("update_consumer sets and clears inactive_threshold", "[consumers][idle][time]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "updidle", retention_policy::work_queue);
+  auto s = create_stream(t, sc);
+  auto set = consumer_cfg(*fx, sc, subject_in(sc, "a"));
+  auto cleared = consumer_cfg(*fx, sc, subject_in(sc, "b"));
+  cleared.inactive_threshold = 1s;
+  must(t.ensure_consumer(set));
+  must(t.ensure_consumer(cleared));
+  publish_ok(t, subject_in(sc, "a"));
+
+  auto set2 = set;
+  set2.inactive_threshold = 1s;
+  CHECK(must(t.update_consumer(set2)).config == set2);
+  auto cleared2 = cleared;
+  cleared2.inactive_threshold = duration::zero();
+  CHECK(must(t.update_consumer(cleared2)).config == cleared2);
+  CHECK(info_of(t, set).config == set2);
+  CHECK(info_of(t, cleared).config == cleared2);
+  CHECK(code_of(t.ensure_consumer(set)) == errc::conflict);
+
+  fx->advance(1s);
+  REQUIRE(idle::removed(*fx, t, set));
+  CHECK(state_of(t, sc.name).messages == 1);  // a consumer's removal leaves the stream be
+  fx->advance(1s);                            // more than twice the old threshold in all
+  CHECK(info_of(t, cleared).config == cleared2);
+}
+
 }  // namespace
 }  // namespace amp::conformance::cases

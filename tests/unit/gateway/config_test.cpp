@@ -91,6 +91,7 @@ TEST_CASE("an empty object gives the defaults of spec section 11", "[config]") {
   CHECK(c.registry_ttl_s == 30);
   CHECK(c.inbox_ack_s == 30);
   CHECK(c.inbox_window == 64);
+  CHECK(c.inbox_idle_s == 604800);
   CHECK(c.default_job == amp::job_settings{30, 3, 1000});
   CHECK(c.jobs.empty());
   CHECK(c.limits.max_frame_bytes == 1048576);
@@ -134,6 +135,7 @@ TEST_CASE("a section given in part keeps the defaults of the keys it leaves out"
     CHECK(c.inbox_window == 8);
     CHECK(c.registry_ttl_s == 30);
     CHECK(c.inbox_ack_s == 30);
+    CHECK(c.inbox_idle_s == 604800);
   }
   SECTION("limits") {
     const auto c = parse(R"({"limits": {"max_sessions": 100}})");
@@ -351,6 +353,10 @@ TEST_CASE("a value of the wrong type is refused with its path", "[config]") {
         R"(heartbeat_s: must be an integer from 1 to 86400, not "10")");
   CHECK(error_of(R"({"heartbeat_s": 1.5})") ==
         "heartbeat_s: must be an integer from 1 to 86400, not 1.5");
+  CHECK(error_of(R"({"inbox_idle_s": "3600"})") ==
+        R"(inbox_idle_s: must be an integer from 60 to 31536000, not "3600")");
+  CHECK(error_of(R"({"inbox_idle_s": null})") ==
+        "inbox_idle_s: must be an integer from 60 to 31536000, not null");
   CHECK(error_of(R"({"limits": {"max_sessions": null}})") ==
         "limits.max_sessions: must be an integer from 1 to 1000000, not null");
   CHECK(error_of(R"({"limits": []})") == "limits: must be an object, not an array");
@@ -403,6 +409,12 @@ TEST_CASE("a value out of range is refused with its path and the range", "[confi
         "inbox_ack_s: must be an integer from 1 to 86400, not -1");
   CHECK(error_of(R"({"inbox_window": 10001})") ==
         "inbox_window: must be an integer from 1 to 10000, not 10001");
+  CHECK(error_of(R"({"inbox_idle_s": 59})") ==
+        "inbox_idle_s: must be an integer from 60 to 31536000, not 59");
+  CHECK(error_of(R"({"inbox_idle_s": 31536001})") ==
+        "inbox_idle_s: must be an integer from 60 to 31536000, not 31536001");
+  CHECK(error_of(R"({"inbox_idle_s": 0})") ==
+        "inbox_idle_s: must be an integer from 60 to 31536000, not 0");
   CHECK(error_of(R"({"auth": {"leeway_s": 3601}})") ==
         "auth.leeway_s: must be an integer from 0 to 3600, not 3601");
   CHECK(error_of(R"({"nats": {"replicas": 6}})") ==
@@ -605,6 +617,10 @@ TEST_CASE("check_server_config refuses a configuration built badly by hand", "[c
   CHECK(message(c).starts_with("jobs: job name \"Bad\""));
 
   c = {};
+  c.inbox_idle_s = 30;
+  CHECK(message(c) == "inbox_idle_s: must be an integer from 60 to 31536000, not 30");
+
+  c = {};
   c.jobs["resize"].lease_s = 0;
   CHECK(message(c) == "jobs.resize.lease_s: must be an integer from 1 to 86400, not 0");
 
@@ -691,7 +707,7 @@ TEST_CASE("retention: defaults, keys, per-namespace entries and their errors", "
 TEST_CASE("broker_for maps the settings to the broker configuration of a namespace", "[config]") {
   SECTION("memory transport") {
     const auto c = parse(R"({"inbox_ack_s": 45, "inbox_window": 16, "registry_ttl_s": 20,
-        "heartbeat_s": 5,
+        "heartbeat_s": 5, "inbox_idle_s": 3600,
         "jobs": {"*": {"lease_s": 60, "decline_delay_ms": 250}, "resize": {"max_attempts": 9}}})");
     const auto b = c.broker_for(ns("demo"));
     CHECK(b.ns == ns("demo"));
@@ -699,6 +715,7 @@ TEST_CASE("broker_for maps the settings to the broker configuration of a namespa
     CHECK(b.replicas == 1);
     CHECK(b.inbox_ack_wait == 45s);
     CHECK(b.inbox_window == 16);
+    CHECK(b.inbox_idle_consumer == 3600s);
     CHECK(b.registry_ttl == 20s);
     CHECK(b.default_job == amp::job_config{60s, 3, 250ms});
     REQUIRE(b.jobs.size() == 1);
@@ -721,6 +738,7 @@ TEST_CASE("broker_for maps the settings to the broker configuration of a namespa
     const auto defaults = parse("{}").broker_for(ns("x"));
     CHECK(defaults.inbox_ack_wait == 30s);
     CHECK(defaults.inbox_window == 64);
+    CHECK(defaults.inbox_idle_consumer == std::chrono::hours(24 * 7));
     CHECK(defaults.registry_ttl == 30s);
     CHECK(defaults.default_job == amp::job_config{});
     CHECK(defaults.jobs.empty());
