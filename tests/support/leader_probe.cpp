@@ -53,7 +53,16 @@ bool leader_probe::caught_up(const char* stream, const char* durable) {
 }
 
 bool leader_probe::current(const jsClusterInfo* c) {
-  if (c == nullptr || c->Leader == nullptr || c->ReplicasLen != 2) return false;
+  last_view_.clear();
+  if (c == nullptr) return false;
+  last_view_ = std::string("leader ") + (c->Leader ? c->Leader : "none");
+  for (int i = 0; i < c->ReplicasLen; ++i) {
+    const auto* p = c->Replicas[i];
+    last_view_ += std::string(", ") + (p->Name ? p->Name : "?") + (p->Current ? " current" : "") +
+                  (p->Offline ? " offline" : "") + " lag " + std::to_string(p->Lag) + " active " +
+                  std::to_string(p->Active / 1000000) + " ms";
+  }
+  if (c->Leader == nullptr || c->ReplicasLen != 2) return false;
   for (int i = 0; i < c->ReplicasLen; ++i) {
     if (!c->Replicas[i]->Current || c->Replicas[i]->Offline) return false;
   }

@@ -27,8 +27,14 @@ class leader_probe {
   /// it, both current and online: a node that was down has caught up.
   bool caught_up(const char* stream, const char* durable = nullptr);
 
+  /// How the last `caught_up` saw the replicas: `name current/offline lag active_ms`, for
+  /// a failure's message.
+  const std::string& last_view() const noexcept { return last_view_; }
+
  private:
-  static bool current(const jsClusterInfo* c);
+  bool current(const jsClusterInfo* c);
+
+  std::string last_view_;
 
   natsOptions* opts_ = nullptr;
   natsConnection* nc_ = nullptr;

@@ -151,6 +151,8 @@ class task_store : public std::enable_shared_from_this<task_store> {
 
  private:
   void write(task_record r, const std::string& key, completion<task_record> done);
+  void end_then_write(task_record r, std::string key, completion<task_record> done,
+                      bool again = false);
 
   std::shared_ptr<transport> transport_;
   std::string bucket_;

@@ -772,6 +772,26 @@ TEST_CASE("an ended task's record, history and binding go once its retention has
   CHECK(must(env.t->stream_info_of(subjects::ended_stream(env.cfg.ns))).state.messages == 0);
 }
 
+TEST_CASE("a deleted stream of ends is made again: tasks still end and are still removed",
+          "[jobs][retention]") {
+  jobs_env env(3, [](bool real_time, broker_config& c) {
+    c.task_retention = real_time ? std::chrono::seconds(2) : std::chrono::hours(24);
+  });
+  const auto ends = subjects::ended_stream(env.cfg.ns);
+  must(env.t->delete_stream(ends));
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  must(env.q->complete(id, env.w1, "1"));
+  CHECK(env.record(id).state == task_state::completed);
+  CHECK(must(env.t->stream_info_of(ends)).state.messages == 1);
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    env.advance(env.cfg.task_retention / 5);
+    gone = code_of(env.q->get(id, viewer{.who = env.alice, .admin = true})) == errc::not_found;
+  }
+  CHECK(gone);
+}
+
 TEST_CASE("a task store with no retention keeps ended tasks and makes no stream of ends",
           "[jobs][retention]") {
   jobs_env env(3, [](bool, broker_config& c) { c.task_retention = duration::zero(); });
