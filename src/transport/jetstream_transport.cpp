@@ -90,6 +90,8 @@ constexpr int k_wq_consumer_not_unique = 10100;
 constexpr int k_message_too_large = 10054;
 constexpr int k_stream_store_failed = 10077;
 constexpr int k_stream_subjects_overlap_self = 10052;
+constexpr int k_stream_create_failed = 10049;    // "{err}": any other failure to create
+constexpr int k_consumer_create_failed = 10012;  // the same for consumers
 
 errc code_for_js_error(int err_code, std::string_view description) {
   switch (err_code) {
@@ -134,8 +136,20 @@ error status_error(natsStatus s, int ec, std::string_view what) {
   return error(errc::internal, fmt::format("{}: {}", what, natsStatus_GetText(s)));
 }
 
+// nats-server 2.9.10 sometimes answers a create with "error creating store for stream" (or "for
+// consumer") when several connections make their first objects at once on a new store; its
+// log then says "could not create storage directory - mkdir .../streams: no such file or
+// directory". It is transient: a second try succeeds, or finds what another process made.
+bool store_creation_failed(jsErrCode ec) {
+  if (ec != k_stream_create_failed && ec != k_consumer_create_failed) return false;
+  const char* text = nats_GetLastError(nullptr);
+  return text != nullptr &&
+         std::string_view(text).find("error creating store") != std::string_view::npos;
+}
+
 bool retryable(natsStatus s, jsErrCode ec) {
-  return ec == k_jetstream_not_enabled || s == NATS_NO_RESPONDERS || s == NATS_TIMEOUT;
+  return ec == k_jetstream_not_enabled || s == NATS_NO_RESPONDERS || s == NATS_TIMEOUT ||
+         store_creation_failed(ec);
 }
 
 std::string base64_decode(std::string_view in) {

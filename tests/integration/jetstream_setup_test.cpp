@@ -405,3 +405,53 @@ TEST_CASE("setup: two processes moving work-queue consumers onto one subject at 
     CHECK_FALSE((fa == "jobs.to" + n + ".>" && fb == "jobs.to" + n + ".x"));
   }
 }
+
+// Servers started together on a new NATS connect and declare their streams and buckets in the
+// same millisecond. nats-server 2.9.10 then sometimes refuses a create with "error creating store
+// for stream" (10049; its log: "could not create storage directory"); each process must still
+// end up with every object it declares (this failed 2 runs in 5 before such creates were tried
+// again).
+TEST_CASE("setup: four processes declaring their objects at once on a new server all get them",
+          "[jetstream][setup]") {
+  for (int round = 0; round < 12; ++round) {
+    nats_server server = nats_server::start();
+    std::vector<std::shared_ptr<amp::transport>> processes(4);
+    std::vector<std::string> failures(processes.size());
+    std::vector<std::thread> threads;
+    for (std::size_t i = 0; i < processes.size(); ++i) {
+      threads.emplace_back([&, i] {
+        // Each connects (its first JetStream request) while the others create.
+        auto connected = amp::jetstream_transport::connect(
+            {.url = server.url(), .name = "amp-" + std::to_string(i), .op_timeout = 5s});
+        if (!connected) {
+          failures[i] = "connect: " + text_of(connected);
+          return;
+        }
+        processes[i] = *connected;
+        auto& t = *processes[i];
+        auto own = state_bucket();
+        own.bucket = "own" + std::to_string(i);
+        if (auto r = t.ensure_bucket(own); !r) failures[i] += "own bucket: " + text_of(r) + "; ";
+        if (auto r = t.ensure_bucket(state_bucket()); !r) {
+          failures[i] += "bucket: " + text_of(r) + "; ";
+        }
+        if (auto r = t.ensure_stream(jobs_stream()); !r) failures[i] += "stream: " + text_of(r);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (std::size_t i = 0; i < failures.size(); ++i) {
+      INFO("round " << round << ", process " << i);
+      CHECK(failures[i].empty());
+    }
+    for (const auto& p : processes) REQUIRE(p != nullptr);
+    // One bucket and one stream, which work for every process.
+    auto rev = processes[0]->kv_put("state", "k", "v");
+    REQUIRE(rev.has_value());
+    for (std::size_t i = 0; i < processes.size(); ++i) {
+      auto& t = *processes[i];
+      CHECK(must(t.kv_get("state", "k")).revision == *rev);
+      CHECK(must(t.stream_info_of("JOBS")).config == jobs_stream());
+      CHECK(t.kv_put("own" + std::to_string(i), "k", "v").has_value());
+    }
+  }
+}
