@@ -229,6 +229,7 @@ result<run_options> parse_command_line(const std::vector<std::string>& args) {
     auto loaded = amp::load_server_config(*out.config_file);
     if (!loaded) return amp::unexpected(loaded.error());
     out.config = std::move(*loaded);
+    out.config_file_has_secret = out.config.auth.secret.has_value();
   }
   for (const auto& o : overrides) {
     if (auto r = amp::set_config_value(out.config, o.key, o.json); !r) {

@@ -17,6 +17,7 @@ namespace amp::server {
 struct run_options {
   server_config config;                    ///< checked by check_server_config
   std::optional<std::string> config_file;  ///< --config, as given
+  bool config_file_has_secret = false;     ///< the --config file itself holds auth.secret
   int ping_interval_s = 30;                ///< --ping-interval: seconds between pings
   int io_threads = 2;                      ///< --io-threads: threads running the sockets
   std::size_t workers = 16;                ///< --workers: threads running the sessions' work

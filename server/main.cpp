@@ -59,7 +59,7 @@ void warn_about_readable_secrets(const amp::server::run_options& options,
   if (c.tls.key) files.emplace_back("tls.key", *c.tls.key);
   if (c.auth.secret_file) files.emplace_back("auth.secret_file", *c.auth.secret_file);
   if (c.nats && c.nats->creds) files.emplace_back("nats.creds", *c.nats->creds);
-  if (options.config_file && c.auth.secret) files.emplace_back("config", *options.config_file);
+  if (options.config_file_has_secret) files.emplace_back("config", *options.config_file);
   for (const auto& [key, path] : files) {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0 || (st.st_mode & (S_IRWXG | S_IRWXO)) == 0) continue;

@@ -260,6 +260,23 @@ TEST_CASE("a task retention under a day starts with a warning, a day or more wit
   CHECK(contains(r.err, "retention.task_s: must be an integer from 60 to 315360000, not 59"));
 }
 
+TEST_CASE("a configuration file holding the secret is named at start when others can read it",
+          "[server]") {
+  temp_dir dir;
+  auto config =
+      dir.write("secret.json", std::string(R"({"auth": {"secret": ")") + k_secret + R"("}})");
+  REQUIRE(::chmod(config.c_str(), 0644) == 0);
+  auto readable = server_process::start({"--config", config.string()});
+  INFO(readable.log());
+  CHECK(contains(readable.log(), R"("event":"file_permissions","key":"config")"));
+  CHECK(contains(readable.log(), R"("mode":"0644")"));
+  REQUIRE(::chmod(config.c_str(), 0600) == 0);
+  auto own = server_process::start({"--config", config.string()});
+  INFO(own.log());
+  CHECK(contains(own.log(), "\"event\":\"listening\""));
+  CHECK_FALSE(contains(own.log(), "file_permissions"));
+}
+
 TEST_CASE("HTTP beside the WebSocket: /healthz, /readyz, /metrics and 404", "[server][http]") {
   auto server = server_process::start(with_secret());
 
@@ -404,11 +421,14 @@ TEST_CASE("wss when tls.cert and tls.key are set", "[server][tls]") {
   write_self_signed(dir);
   auto config = dir.write("tls.json", R"({"tls": {"cert": "cert.pem", "key": "key.pem"}})");
   ::chmod((dir.path() / "key.pem").c_str(), 0640);
+  REQUIRE(::chmod(config.c_str(), 0644) == 0);
   auto server = server_process::start(with_secret({"--config", config.string()}));
   CHECK(contains(server.log(), "\"tls\":true"));
   // The key is readable by the group: the server says so, and how to fix it.
   CHECK(contains(server.log(), R"("event":"file_permissions","key":"tls.key")"));
   CHECK(contains(server.log(), R"("mode":"0640")"));
+  // The configuration file is readable by others too, but the secret came from --secret.
+  CHECK_FALSE(contains(server.log(), R"("key":"config")"));
   CHECK(contains(server.log(), "wss://"));
 
   tls_client c(server.url(true), {"amp.v1"}, [](tls_client::endpoint& e) {
