@@ -29,7 +29,9 @@
 /// before the connection dropped may still have been applied, so a publish that answered
 /// `unavailable` should be retried with the same `msg_id` (deduplicated by the stream).
 /// During a cluster leader election JetStream answers "no responders"; such requests are
-/// retried with backoff until `op_timeout`.
+/// retried with backoff until `op_timeout`. So are creates of streams, buckets and
+/// consumers that nats-server 2.9 answers "error creating store" (seen when several
+/// processes make their first objects at once on a new store).
 ///
 /// Fetch. A fetch without `max_wait` answers within about 100 ms, not at once: nats-server
 /// 2.9 would keep a no-wait pull that max_ack_pending holds back open for ever, so such
