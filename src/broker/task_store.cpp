@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <mutex>
 #include <utility>
 
@@ -38,12 +39,16 @@ namespace {
 constexpr int k_history = 64;
 constexpr std::size_t k_max_idempotency_key = 256;
 
-// The sweeper: ends taken per fetch, held at most (each until its time comes), and how
-// long it waits when there is nothing to take or the backend failed.
+// The sweeper: ends taken per fetch, held at most (each until its time comes), how long it
+// waits when there is nothing to take or the backend failed, how soon it looks again for an
+// end held back that is due but not back yet, and when it stops waiting for one (its
+// consumer's AckWait: by then another server's sweeper has it, or it comes again anyway).
 constexpr std::size_t k_sweep_batch = 128;
 constexpr std::int64_t k_sweep_pending = 1024;
 constexpr duration k_sweep_idle = std::chrono::minutes(10);
 constexpr duration k_sweep_retry = std::chrono::seconds(5);
+constexpr duration k_sweep_recheck = std::chrono::seconds(1);
+constexpr duration k_sweep_ack_wait = std::chrono::minutes(1);
 
 std::optional<task_state> state_from(std::string_view s) {
   for (auto st : {task_state::queued, task_state::running, task_state::completed,
@@ -223,7 +228,7 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
     if (auto r = t_->ensure_stream(ends_); !r) return r.error();
     if (auto r = t_->ensure_consumer({.stream = ends_.name,
                                       .durable = subjects::sweeper_consumer(),
-                                      .ack_wait = std::chrono::minutes(1),
+                                      .ack_wait = k_sweep_ack_wait,
                                       .max_ack_pending = k_sweep_pending});
         !r) {
       return r.error();
@@ -284,10 +289,11 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
       if (got.error().code() == errc::not_found) (void)ensure();
       return arm(clock_->now() + k_sweep_retry);
     }
-    if (got->empty()) return arm(clock_->now() + std::min(retention_, k_sweep_idle));
-    auto next = time_point::max();
+    if (got->empty()) return arm(next_look(clock_->now()));
     bool failed = false;
+    bool held_back = false;
     for (const auto& m : *got) {
+      held_.erase(m.seq);
       auto now = clock_->now();
       auto due = m.time + retention_;
       if (!failed && due <= now) {
@@ -300,11 +306,29 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
         due = failed ? now + k_sweep_retry : at;
       }
       if (failed) due = std::min(due, now + k_sweep_retry);
-      next = std::min(next, due);
+      held_back = true;
+      held_[m.seq] = due;
       t_->async_acknowledge(m, ack_kind::nak, due - now, [](result<void>) {});
     }
-    if (next == time_point::max()) return fetch();  // all taken: there may be more
-    arm(std::min(next, clock_->now() + k_sweep_idle));
+    if (!held_back) return fetch();  // all taken: there may be more
+    arm(next_look(clock_->now()));
+  }
+
+  // When to fetch again: when the first end held back falls due, or a moment later when it
+  // is due but not back yet (the server redelivers on its own clock), else after the idle
+  // time. A fetch finds nothing while every end the consumer may hand out is held back: an
+  // empty fetch is no reason to wait the idle time while ends are held.
+  time_point next_look(time_point now) {
+    auto at = now + std::min(retention_, k_sweep_idle);
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->second + k_sweep_ack_wait < now) {
+        it = held_.erase(it);
+        continue;
+      }
+      at = std::min(at, it->second > now ? it->second : now + k_sweep_recheck);
+      ++it;
+    }
+    return at;
   }
 
   // Removes the ended task `text` (its binding first: a binding whose record is gone
@@ -345,6 +369,9 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
   std::mutex mu_;
   bool stopped_ = false;
   timer_id timer_ = 0;
+  // The ends this sweeper handed back, each with the time it falls due (sequence → due);
+  // touched only by sweep, which runs one at a time.
+  std::map<std::uint64_t, time_point> held_;
 };
 
 task_store::task_store(std::shared_ptr<transport> t, std::string bucket)

@@ -5,7 +5,8 @@
 // each data operation with its name ("publish", "ack", "nak", "in_progress", "term",
 // "kv_get", "kv_create", "kv_update", "kv_put", "kv_delete", "kv_purge") and the subject,
 // key or ack token it concerns; an error it returns is the operation's answer, and the
-// operation does not reach the real transport.
+// operation does not reach the real transport. `late_naks` lengthens the delay of every
+// nak with a delay, as a server that receives the nak later redelivers later.
 
 #include <functional>
 #include <memory>
@@ -27,6 +28,11 @@ class faulty_transport final : public transport {
   void set_fault(fault_fn f) {
     std::lock_guard lock(mu_);
     fault_ = std::move(f);
+  }
+
+  void late_naks(duration extra) {
+    std::lock_guard lock(mu_);
+    nak_extra_ = extra;
   }
 
   capabilities caps() const override { return inner_->caps(); }
@@ -73,6 +79,10 @@ class faulty_transport final : public transport {
                          completion<void> done) override {
     static constexpr std::string_view names[] = {"ack", "nak", "in_progress", "term"};
     if (auto e = check(names[static_cast<int>(kind)], msg.ack_token)) return done(std::move(*e));
+    if (kind == ack_kind::nak && delay > duration::zero()) {
+      std::lock_guard lock(mu_);
+      delay += nak_extra_;
+    }
     inner_->async_acknowledge(msg, kind, delay, std::move(done));
   }
   result<std::unique_ptr<subscription>> subscribe_ordered(
@@ -136,6 +146,7 @@ class faulty_transport final : public transport {
   std::shared_ptr<transport> inner_;
   std::mutex mu_;
   fault_fn fault_;
+  duration nak_extra_{};
 };
 
 }  // namespace amp::broker_testing

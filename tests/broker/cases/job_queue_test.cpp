@@ -772,6 +772,40 @@ TEST_CASE("an ended task's record, history and binding go once its retention has
   CHECK(must(env.t->stream_info_of(subjects::ended_stream(env.cfg.ns))).state.messages == 0);
 }
 
+TEST_CASE(
+    "ends held back until they fall due are removed then, also when more of them wait than "
+    "the sweeper holds at once and the backend brings them back late",
+    "[jobs][retention]") {
+  jobs_env env(3, [](bool real_time, broker_config& c) {
+    c.task_retention = real_time ? std::chrono::seconds(2) : std::chrono::hours(24);
+  });
+  const bool real_time = env.fx().real_time();
+  const auto keep = env.cfg.task_retention;
+  // A handed-back end comes back a little after the time the sweeper asked for.
+  env.t->late_naks(real_time ? std::chrono::milliseconds(300) : std::chrono::seconds(1));
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  must(env.q->complete(id, env.w1, "1"));
+  // Ends of 1,100 more tasks (gone already), all due with the first: more than the 1,024
+  // the sweeper may hold back, so that it finds nothing to take while it waits for them.
+  const auto ends = subjects::ended_stream(env.cfg.ns);
+  for (int i = 0; i < 1100; ++i) {
+    must(env.t->publish(
+        {.subject = subjects::ended_subject(env.cfg.ns), .data = "t_gone" + std::to_string(i)}));
+  }
+  // Gone soon after the retention, not an idle period (10 minutes) later.
+  const auto step = real_time ? std::chrono::milliseconds(500) : std::chrono::seconds(5);
+  env.advance(keep);
+  bool gone = false;
+  for (int i = 0; i < 40 && !gone; ++i) {
+    env.advance(step);
+    gone = code_of(env.q->get(id, viewer{.who = env.alice, .admin = true})) == errc::not_found &&
+           must(env.t->stream_info_of(ends)).state.messages == 0;
+  }
+  INFO("ends left: " << must(env.t->stream_info_of(ends)).state.messages);
+  CHECK(gone);
+}
+
 TEST_CASE("a deleted stream of ends is made again: tasks still end and are still removed",
           "[jobs][retention]") {
   jobs_env env(3, [](bool real_time, broker_config& c) {
