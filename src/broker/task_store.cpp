@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -40,14 +42,14 @@ constexpr int k_history = 64;
 constexpr std::size_t k_max_idempotency_key = 256;
 
 // The sweeper: ends taken per fetch, held at most (each until its time comes), how long it
-// waits when there is nothing to take or the backend failed, how soon it looks again for an
-// end held back that is due but not back yet, and when it stops waiting for one (its
-// consumer's AckWait: by then another server's sweeper has it, or it comes again anyway).
+// waits when there is nothing to take or the backend failed, how often at most it looks
+// while ends are held back, and when it stops waiting for one it held back (its consumer's
+// AckWait: by then another server's sweeper has it, or it comes again anyway).
 constexpr std::size_t k_sweep_batch = 128;
 constexpr std::int64_t k_sweep_pending = 1024;
 constexpr duration k_sweep_idle = std::chrono::minutes(10);
 constexpr duration k_sweep_retry = std::chrono::seconds(5);
-constexpr duration k_sweep_recheck = std::chrono::seconds(1);
+constexpr duration k_sweep_pace = std::chrono::seconds(1);
 constexpr duration k_sweep_ack_wait = std::chrono::minutes(1);
 
 std::optional<task_state> state_from(std::string_view s) {
@@ -204,7 +206,9 @@ result<task_record> parse_task_record(std::string_view json) {
 // Takes the ends of a namespace's tasks from `AMP_ENDED_<ns>` once their retention has
 // passed and removes each task's binding and record. An end not yet due is handed back
 // with a delay that brings it again when it is; the ends arrive in the order the tasks
-// ended, so the sweeper then waits for the first of them.
+// ended, so the sweeper then waits for the first of them. The due ends of a batch are
+// removed side by side: the sweeper keeps up with as many ends a second as the backend
+// answers removals, not as one removal after another allows.
 class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
  public:
   sweeper(std::shared_ptr<transport> t, std::string bucket, const broker_config& config,
@@ -256,7 +260,7 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
     if (stopped_) return;
     if (timer_ != 0) clock_->cancel(timer_);
     std::weak_ptr<sweeper> weak = weak_from_this();
-    // The clock's thread only hands the work over: sweeping blocks on the backend.
+    // The clock's thread only hands the work over (making the stream again blocks).
     timer_ = clock_->call_at(at, [weak] {
       auto self = weak.lock();
       if (!self) return;
@@ -283,6 +287,14 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
                     });
   }
 
+  // One fetched batch: its due ends are removed all at once, each on its own; it ends when
+  // the last removal has answered.
+  struct pass {
+    std::atomic<int> open{1};
+    std::atomic<bool> held_back{false};
+  };
+  using removal_done = std::function<void(outcome, time_point)>;
+
   void sweep(result<std::vector<message>> got) {
     if (!got) {
       // Deleted under us (by hand, or with the stream): made again, then tried again.
@@ -290,72 +302,122 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
       return arm(clock_->now() + k_sweep_retry);
     }
     if (got->empty()) return arm(next_look(clock_->now()));
-    bool failed = false;
-    bool held_back = false;
-    for (const auto& m : *got) {
-      held_.erase(m.seq);
-      auto now = clock_->now();
-      auto due = m.time + retention_;
-      if (!failed && due <= now) {
-        auto [what, at] = remove(m.data, now);
-        if (what == outcome::removed) {
-          t_->async_acknowledge(m, ack_kind::ack, {}, [](result<void>) {});
-          continue;
-        }
-        failed = what == outcome::failed;
-        due = failed ? now + k_sweep_retry : at;
+    auto p = std::make_shared<pass>();
+    const auto now = clock_->now();
+    for (auto& m : *got) {
+      forget(m.seq);
+      const auto due = m.time + retention_;
+      if (due > now) {
+        hold(m, due, *p);
+        continue;
       }
-      if (failed) due = std::min(due, now + k_sweep_retry);
-      held_back = true;
-      held_[m.seq] = due;
-      t_->async_acknowledge(m, ack_kind::nak, due - now, [](result<void>) {});
+      ++p->open;
+      auto data = m.data;
+      remove(
+          data, now, [self = shared_from_this(), p, m = std::move(m)](outcome what, time_point at) {
+            if (what == outcome::removed) {
+              self->t_->async_acknowledge(m, ack_kind::ack, {}, [](result<void>) {});
+            } else {
+              self->hold(m, what == outcome::failed ? self->clock_->now() + k_sweep_retry : at, *p);
+            }
+            self->finish(p);
+          });
     }
-    if (!held_back) return fetch();  // all taken: there may be more
+    finish(p);
+  }
+
+  void finish(const std::shared_ptr<pass>& p) {
+    if (--p->open > 0) return;
+    if (!p->held_back) return fetch();  // all taken: there may be more
     arm(next_look(clock_->now()));
   }
 
-  // When to fetch again: when the first end held back falls due, or a moment later when it
-  // is due but not back yet (the server redelivers on its own clock), else after the idle
-  // time. A fetch finds nothing while every end the consumer may hand out is held back: an
-  // empty fetch is no reason to wait the idle time while ends are held.
+  // Hands an end back until `due`, and remembers when it will come again.
+  void hold(const message& m, time_point due, pass& p) {
+    p.held_back = true;
+    const auto now = clock_->now();
+    {
+      std::lock_guard lock(mu_);
+      held_[m.seq] = due;
+    }
+    t_->async_acknowledge(m, ack_kind::nak, std::max(due - now, duration::zero()),
+                          [](result<void>) {});
+  }
+
+  void forget(std::uint64_t seq) {
+    std::lock_guard lock(mu_);
+    held_.erase(seq);
+  }
+
+  // When to fetch again: when the first end held back falls due, at most once a second (so a
+  // fetch takes every end that fell due meanwhile, and one that is due but not back yet, as
+  // the server redelivers on its own clock, is looked for again a second later), else after
+  // the idle time. A fetch finds nothing while every end the consumer may hand out is held
+  // back: an empty fetch is no reason to wait the idle time while ends are held.
   time_point next_look(time_point now) {
     auto at = now + std::min(retention_, k_sweep_idle);
+    std::lock_guard lock(mu_);
     for (auto it = held_.begin(); it != held_.end();) {
       if (it->second + k_sweep_ack_wait < now) {
         it = held_.erase(it);
         continue;
       }
-      at = std::min(at, it->second > now ? it->second : now + k_sweep_recheck);
+      at = std::min(at, std::max(it->second, now + k_sweep_pace));
       ++it;
     }
     return at;
   }
 
-  // Removes the ended task `text` (its binding first: a binding whose record is gone
-  // would make a resubmission finish the old task instead of starting a new one).
-  std::pair<outcome, time_point> remove(const std::string& text, time_point now) {
+  // Removes the ended task `text` (its binding first: a binding whose record is gone would
+  // make a resubmission finish the old task instead of starting a new one), then says what
+  // became of it: removed (or nothing to remove), later (not due: the record changed after
+  // the end) or failed (the backend did not answer).
+  void remove(const std::string& text, time_point now, removal_done done) {
     auto id = task_id::make(text);
-    if (!id) return {outcome::removed, {}};  // not an end of ours: drop it
+    if (!id) return done(outcome::removed, {});  // not an end of ours: drop it
     auto key = subjects::task_key(ns_, *id);
-    auto entry = t_->kv_get(bucket_, key);
-    if (!entry) {
-      if (entry.error().code() == errc::not_found) return {outcome::removed, {}};
-      return {outcome::failed, {}};
-    }
-    auto rec = parse_task_record(entry->value);
-    // Not ended (an end whose write lost its race): the write that ends it sends another.
-    if (!rec || !is_terminal(rec->state)) return {outcome::removed, {}};
-    if (auto until = rec->updated_at + retention_; until > now) return {outcome::later, until};
-    if (!rec->idem_key.empty()) {
-      auto bound = t_->kv_get(bucket_, rec->idem_key);
-      if (bound && bound->value == id->view()) {
-        if (!t_->kv_erase(bucket_, rec->idem_key)) return {outcome::failed, {}};
-      } else if (!bound && bound.error().code() != errc::not_found) {
-        return {outcome::failed, {}};
-      }
-    }
-    if (!t_->kv_erase(bucket_, key)) return {outcome::failed, {}};
-    return {outcome::removed, {}};
+    t_->async_kv_get(bucket_, key,
+                     [self = shared_from_this(), id = *id, key, now,
+                      done = std::move(done)](result<kv_entry> entry) mutable {
+                       if (!entry) {
+                         const bool gone = entry.error().code() == errc::not_found;
+                         return done(gone ? outcome::removed : outcome::failed, {});
+                       }
+                       auto rec = parse_task_record(entry->value);
+                       // Not ended (an end whose write lost its race): the write that ends it sends
+                       // another.
+                       if (!rec || !is_terminal(rec->state)) return done(outcome::removed, {});
+                       if (auto until = rec->updated_at + self->retention_; until > now) {
+                         return done(outcome::later, until);
+                       }
+                       if (rec->idem_key.empty()) return self->erase(key, std::move(done));
+                       self->unbind(id, rec->idem_key, key, std::move(done));
+                     });
+  }
+
+  // Removes the binding `idem` when it still names `id`, then the record `key`.
+  void unbind(const task_id& id, const std::string& idem, std::string key, removal_done done) {
+    t_->async_kv_get(bucket_, idem,
+                     [self = shared_from_this(), id, idem, key = std::move(key),
+                      done = std::move(done)](result<kv_entry> bound) mutable {
+                       if (!bound && bound.error().code() != errc::not_found) {
+                         return done(outcome::failed, {});
+                       }
+                       if (!bound || bound->value != id.view())
+                         return self->erase(key, std::move(done));
+                       self->t_->async_kv_erase(self->bucket_, idem,
+                                                [self, key = std::move(key),
+                                                 done = std::move(done)](result<void> r) mutable {
+                                                  if (!r) return done(outcome::failed, {});
+                                                  self->erase(key, std::move(done));
+                                                });
+                     });
+  }
+
+  void erase(const std::string& key, removal_done done) {
+    t_->async_kv_erase(bucket_, key, [done = std::move(done)](result<void> r) {
+      done(r ? outcome::removed : outcome::failed, {});
+    });
   }
 
   std::shared_ptr<transport> t_;
@@ -369,9 +431,8 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
   std::mutex mu_;
   bool stopped_ = false;
   timer_id timer_ = 0;
-  // The ends this sweeper handed back, each with the time it falls due (sequence → due);
-  // touched only by sweep, which runs one at a time.
-  std::map<std::uint64_t, time_point> held_;
+  // The ends this sweeper handed back, each with the time it falls due (sequence → due).
+  std::map<std::uint64_t, time_point> held_;  // guarded by mu_
 };
 
 task_store::task_store(std::shared_ptr<transport> t, std::string bucket)

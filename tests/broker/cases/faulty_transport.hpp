@@ -3,10 +3,10 @@
 // A transport that forwards to another and fails chosen data operations: the way the
 // broker cases inject a crash or an outage between two steps. `fault` is asked before
 // each data operation with its name ("publish", "ack", "nak", "in_progress", "term",
-// "kv_get", "kv_create", "kv_update", "kv_put", "kv_delete", "kv_purge") and the subject,
-// key or ack token it concerns; an error it returns is the operation's answer, and the
-// operation does not reach the real transport. `late_naks` lengthens the delay of every
-// nak with a delay, as a server that receives the nak later redelivers later.
+// "kv_get", "kv_create", "kv_update", "kv_put", "kv_delete", "kv_purge", "kv_erase",
+// "fetch") and the subject, key, ack token or consumer it concerns; an error it returns is the
+// operation's answer, and the operation does not reach the real transport. `late_naks` lengthens
+// the delay of every nak with a delay, as a server that receives the nak later redelivers later.
 
 #include <functional>
 #include <memory>
@@ -73,6 +73,7 @@ class faulty_transport final : public transport {
   }
   void async_fetch(std::string_view s, std::string_view d, fetch_request r,
                    completion<std::vector<message>> done) override {
+    if (auto e = check("fetch", d)) return done(std::move(*e));
     inner_->async_fetch(s, d, r, std::move(done));
   }
   void async_acknowledge(const message& msg, ack_kind kind, duration delay,

@@ -806,6 +806,43 @@ TEST_CASE(
   CHECK(gone);
 }
 
+TEST_CASE("an ended task whose removal fails is kept and removed once the backend answers again",
+          "[jobs][retention]") {
+  jobs_env env(3, [](bool real_time, broker_config& c) {
+    c.task_retention = real_time ? std::chrono::seconds(2) : std::chrono::hours(24);
+  });
+  const auto keep = env.cfg.task_retention;
+  std::atomic<int> refused{0};
+  env.t->set_fault([&](std::string_view op, std::string_view) -> std::optional<error> {
+    if (op != "kv_erase") return std::nullopt;
+    ++refused;
+    return error(errc::unavailable, "backend away");
+  });
+  auto id = env.submit(R"({"n":1})", "order-7");
+  must(env.q->claim(env.one_offer(), env.w1));
+  must(env.q->complete(id, env.w1, "1"));
+  const auto step = env.fx().real_time() ? std::chrono::milliseconds(500) : std::chrono::seconds(5);
+  env.advance(keep);
+  for (int i = 0; i < 6; ++i) env.advance(step);
+  REQUIRE(eventually([&] { return refused.load() > 0; }));
+  // Nothing removed while the backend refuses: the record and the key's binding stay.
+  CHECK(env.record(id).state == task_state::completed);
+  CHECK_FALSE(
+      must(env.q->submit(
+               {.job = env.job, .from = env.alice, .body = "{}", .idempotency_key = "order-7"}))
+          .created);
+  env.t->set_fault({});
+  bool gone = false;
+  for (int i = 0; i < 40 && !gone; ++i) {
+    env.advance(step);
+    gone = code_of(env.q->get(id, viewer{.who = env.alice, .admin = true})) == errc::not_found;
+  }
+  CHECK(gone);
+  CHECK(must(env.q->submit(
+                 {.job = env.job, .from = env.alice, .body = "{}", .idempotency_key = "order-7"}))
+            .created);
+}
+
 TEST_CASE("a deleted stream of ends is made again: tasks still end and are still removed",
           "[jobs][retention]") {
   jobs_env env(3, [](bool real_time, broker_config& c) {
