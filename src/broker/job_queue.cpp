@@ -80,6 +80,9 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     participant_name holder;
     timer_id timer = 0;
     task_record record;  // as this job queue last wrote it: saves a read before the next write
+    // The attempt of a write for this lease that the backend did not answer (0: none): it
+    // may still land, so until the task is seen to move on a lapsed lease is not yet lost.
+    int unsure_attempt = 0;
   };
   mutable std::mutex mu;
   bool closed = false;
@@ -129,6 +132,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       auto [it, fresh] = leases.try_emplace(task, held{holder, 0, r});
       if (!fresh) {
         it->second.record = r;
+        it->second.unsure_attempt = 0;
         t->clock()->cancel(it->second.timer);  // a heartbeat: one timer per lease
         if (it->second.holder != holder) displaced = it->second.holder;
         it->second.holder = holder;
@@ -170,6 +174,30 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     return it->second.record;
   }
 
+  // A write of `attempt` of `who`'s lease on `task` got no answer: it may land later.
+  void unsure(std::string_view task, const participant_name& who, int attempt) {
+    std::lock_guard lock(mu);
+    auto it = leases.find(task);
+    if (it != leases.end() && it->second.holder == who) it->second.unsure_attempt = attempt;
+  }
+
+  // `unavailable` when `rec` shows `who`'s lease lapsed but not moved on while a write of
+  // that attempt through this job queue has no known outcome: `lease_lost` could be false
+  // (the write may still land, as when a stream's leader dies with it in flight).
+  std::optional<error> undecided(const task_id& task, const participant_name& who,
+                                 const task_record& rec) {
+    if (rec.state != task_state::running || rec.owner != who.str()) return std::nullopt;
+    std::lock_guard lock(mu);
+    auto it = leases.find(task.view());
+    if (it == leases.end() || it->second.holder != who ||
+        it->second.unsure_attempt != rec.attempt) {
+      return std::nullopt;
+    }
+    return error(
+        errc::unavailable,
+        fmt::format("an earlier change of {} has no known outcome yet; try again", task.view()));
+  }
+
   // Forgets `holder`'s lease on `task` (not a newer holder's); true when it was there.
   bool untrack(std::string_view task, const participant_name& holder) {
     std::lock_guard lock(mu);
@@ -178,6 +206,20 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     t->clock()->cancel(it->second.timer);
     leases.erase(it);
     return true;
+  }
+
+  // After a `lease_lost` answer to `holder` about `task`: forgets the lease tracked for it
+  // unless the store shows it live (running, `holder`'s, not expired; the answer was then
+  // the fence, about another attempt). Unreadable: kept, for the lease timer to judge.
+  void untrack_unless_live(const task_id& task, const participant_name& holder) {
+    if (!written(task.view(), holder)) return;
+    auto rec = store->get(config.ns, task);
+    if (!rec && rec.error().code() != errc::not_found) return;
+    if (rec && rec->state == task_state::running && rec->owner == holder.str() &&
+        rec->lease_expires_at > now()) {
+      return;
+    }
+    untrack(task.view(), holder);
   }
 
   void on_lease_timer(const std::string& task_str, const participant_name& holder) {
@@ -196,6 +238,12 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       if (!rec) {
         if (rec.error().code() != errc::not_found) return lease_timer_again(task_str, holder);
         if (untrack(task_str, holder)) emit_lease_lost(holder, *task);
+        return;
+      }
+      // Ended by its holder (a complete or fail whose answer was lost): over, not lost.
+      if ((rec->state == task_state::completed || rec->state == task_state::failed) &&
+          rec->owner == holder.str() && rec->attempt == attempt) {
+        untrack(task_str, holder);
         return;
       }
       // Over, or moved on to another attempt (perhaps the holder's own, claimed through
@@ -269,22 +317,43 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   // After a terminal state is committed: tell the submitter, then let the message go. A
   // failed notice leaves the message for a redelivery, which notifies again. With
   // `events.async_notify` both steps run in the background, in that order.
+  // Without the message at hand (a queued task cancelled), the notice is recorded as sent
+  // instead: the message's later delivery lets it go without telling again.
   void finish(const task_record& r, ack_kind kind) {
     if (events.async_notify && !events.notify) {
+      auto n = notice_of(r);
+      if (!n) return r.ack_token.empty() ? void() : let_go(token_message(r), kind);
       std::optional<message> token;
       if (!r.ack_token.empty()) token = token_message(r);
-      auto let_go = [self = shared_from_this(), token = std::move(token), kind](result<void> sent) {
-        if (sent && token) self->t->async_acknowledge(*token, kind, {}, [](result<void>) {});
-      };
-      if (auto n = notice_of(r)) return events.async_notify(*n, std::move(let_go));
-      return let_go(result<void>{});
+      std::optional<task_record> to_mark;
+      if (!token) to_mark = r;
+      return events.async_notify(*n, [self = shared_from_this(), token = std::move(token),
+                                      to_mark = std::move(to_mark), kind](result<void> sent) {
+        if (!sent) return;
+        if (token) return self->let_go(*token, kind);
+        self->mark_notified(*to_mark);
+      });
     }
-    if (!notify(r) || r.ack_token.empty()) return;
+    if (!notify(r)) return;
+    if (r.ack_token.empty()) {
+      if (notice_of(r)) mark_notified(r);
+      return;
+    }
     if (kind == ack_kind::ack) {
       (void)t->ack(token_message(r));
     } else {
       (void)t->term(token_message(r));
     }
+  }
+
+  void let_go(const message& token, ack_kind kind) {
+    t->async_acknowledge(token, kind, {}, [](result<void>) {});
+  }
+
+  // Records that `r`'s submitter was told (a conflict: it changed since, and is left be).
+  void mark_notified(task_record r) {
+    r.notified = true;
+    store->async_update(std::move(r), [](result<task_record>) {});
   }
 
   std::optional<task_notice> notice_of(const task_record& r) const {
@@ -327,11 +396,18 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
         (void)t->nak(msg, std::chrono::seconds(1));
         return std::nullopt;
       }
+      if (rec->job_seq != 0 && msg.seq != 0 && rec->job_seq != msg.seq) {
+        // A second message of the task: a keyed retry published it again after the first
+        // was stored but before its record was, past the duplicate window. The record names
+        // the task's message; this one is dropped, offering and telling nothing.
+        (void)t->term(msg);
+        return std::nullopt;
+      }
       switch (rec->state) {
         case task_state::completed:
         case task_state::failed:
         case task_state::cancelled: {
-          if (notify(*rec)) (void)t->ack(msg);
+          if (rec->notified || notify(*rec)) (void)t->ack(msg);
           return std::nullopt;
         }
         case task_state::running: {
@@ -378,7 +454,12 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     o.task = std::move(r);
     o.env = std::move(env);
     o.lease = job.lease;
-    o.lapses_at = now() + job.lease;
+    // From the delivery, not from now: the consumer's AckWait (the job's lease) brings the
+    // message again from about then, however long the judging took.
+    auto from = msg.delivered_at == time_point{}
+                    ? now()
+                    : std::chrono::time_point_cast<std::chrono::milliseconds>(msg.delivered_at);
+    o.lapses_at = from + job.lease;
     o.msg = std::move(msg);
     return o;
   }
@@ -468,6 +549,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     if (auto stale = fenced(task, *rec, attempt)) return *stale;
     if (rec->state != task_state::running || rec->owner != who.str() ||
         rec->lease_expires_at <= now()) {
+      if (auto wait = undecided(task, who, *rec)) return *wait;
       return lease_lost(task);
     }
     return rec;
@@ -543,6 +625,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     }
     if (rec.state != task_state::running || rec.owner != who.str() ||
         rec.lease_expires_at <= now()) {
+      if (auto wait = undecided(task, who, rec)) return *wait;
       return lease_lost(task);
     }
     rec.state = task_state::completed;
@@ -574,9 +657,13 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       if (auto answer = completing(*rec, task, who, result_json, attempt)) {
         return std::move(*answer);
       }
+      int writing = rec->attempt;
       auto stored = store->update(std::move(*rec));
       if (stored) return completed(task, who, std::move(*stored));
-      if (stored.error().code() != errc::conflict) return stored.error();
+      if (stored.error().code() != errc::conflict) {
+        unsure(task.view(), who, writing);
+        return stored.error();
+      }
     }
     return unexpected(errc::unavailable, fmt::format("task {} kept changing", task.view()));
   }
@@ -785,12 +872,19 @@ result<lease> job_queue::heartbeat(const task_id& task, const participant_name& 
                                    std::optional<int> attempt) {
   for (int round = 0; round < k_cas_rounds; ++round) {
     auto rec = s_->held_by(task, who, round, attempt);
-    if (!rec) return rec.error();
+    if (!rec) {
+      // A lease that is over is no longer `who`'s load; a fenced attempt says nothing
+      // about the live one.
+      if (rec.error().code() == errc::lease_lost) s_->untrack_unless_live(task, who);
+      return rec.error();
+    }
     rec->lease_expires_at = s_->now() + s_->job_of(*rec).lease;
     rec->updated_at = s_->now();
+    int writing = rec->attempt;
     auto stored = s_->store->update(std::move(*rec));
     if (!stored) {
       if (stored.error().code() == errc::conflict) continue;
+      s_->unsure(task.view(), who, writing);
       return stored.error();
     }
     (void)s_->t->in_progress(token_message(*stored));
@@ -817,15 +911,11 @@ bool job_queue::holds(const task_id& task, const participant_name& who) const {
   return it != s_->leases.end() && it->second.holder == who;
 }
 
-result<std::vector<lease>> job_queue::heartbeat_all(const participant_name& who) {
-  std::vector<lease> out;
-  for (const auto& task : leases_of(who)) {
+std::vector<job_queue::heartbeat_outcome> job_queue::heartbeat_all(const participant_name& who) {
+  std::vector<heartbeat_outcome> out;
+  for (auto& task : leases_of(who)) {
     auto l = heartbeat(task, who);
-    if (l) {
-      out.push_back(*l);
-    } else if (l.error().code() != errc::lease_lost) {
-      return l.error();
-    }
+    out.push_back(heartbeat_outcome{std::move(task), std::move(l)});
   }
   return out;
 }
@@ -867,8 +957,9 @@ void job_queue::async_complete(const task_id& task, const participant_name& who,
     return done(std::move(*answer));
   }
   std::weak_ptr<state> weak = s_;
+  int writing = rec->attempt;
   s_->store->async_update(
-      std::move(*rec), [weak, task, who, result_json = std::move(result_json), attempt,
+      std::move(*rec), [weak, task, who, result_json = std::move(result_json), attempt, writing,
                         done = std::move(done)](result<task_record> stored) mutable {
         auto s = weak.lock();
         if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
@@ -882,7 +973,10 @@ void job_queue::async_complete(const task_id& task, const participant_name& who,
             done(s->completed(task, who, std::move(stored)));
           });
         }
-        if (stored.error().code() != errc::conflict) return done(std::move(stored).error());
+        if (stored.error().code() != errc::conflict) {
+          s->unsure(task.view(), who, writing);
+          return done(std::move(stored).error());
+        }
         // The task changed since this job queue wrote it: read it (blocking, so not on the
         // transport's thread) and try again.
         s->post([s, task = std::move(task), who = std::move(who),
@@ -910,9 +1004,11 @@ result<task_record> job_queue::fail(const task_id& task, const participant_name&
     } else {
       rec->state = task_state::failed;
     }
+    int writing = rec->attempt;
     auto stored = s_->store->update(std::move(*rec));
     if (!stored) {
       if (stored.error().code() == errc::conflict) continue;
+      s_->unsure(task.view(), who, writing);
       return stored;
     }
     s_->untrack(task.view(), who);

@@ -108,6 +108,7 @@ std::string write_record(const task_record& r, bool stored) {
     w.key("ack").string(r.ack_token);
     w.key("job_seq").integer(r.job_seq);
     if (!r.idem_key.empty()) w.key("idem").string(r.idem_key);
+    if (r.notified) w.key("notified").boolean(true);
   } else {
     w.key("revision").integer(r.revision);
   }
@@ -200,6 +201,8 @@ result<task_record> parse_task_record(std::string_view json) {
   r.idem_key = string_member(o, "idem");
   std::uint64_t seq = 0;
   if (o["job_seq"].get(seq) == simdjson::SUCCESS) r.job_seq = seq;
+  bool notified = false;
+  if (o["notified"].get(notified) == simdjson::SUCCESS) r.notified = notified;
   return r;
 }
 
@@ -616,6 +619,14 @@ result<std::vector<task_record>> task_store::history(const namespace_name& ns,
     if (e.op != kv_op::put) continue;
     auto r = record_of(e);
     if (!r) return r.error();
+    if (!out.empty() && r->notified && !out.back().notified) {
+      // A revision that only records the notice is not a change: it stands in for the one
+      // before it, so the last entry is the record as `get` reads it.
+      auto marked = out.back();
+      marked.notified = true;
+      marked.revision = r->revision;
+      if (marked == *r) out.pop_back();
+    }
     out.push_back(std::move(*r));
   }
   if (out.empty()) return unexpected(errc::not_found, fmt::format("no task {}", task.view()));

@@ -306,13 +306,13 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
         std::weak_ptr<impl> weak = shared_from_this();
         std::weak_ptr<session::impl> weak_s = target;
         auto task = o.task.task;
-        auto seq = o.msg.seq;
+        auto serial = ++st->offers_made;
         std::weak_ptr<detail::ns_state> weak_st = st;
-        auto lapse = clk->call_at(o.lapses_at, [weak, weak_st, weak_s, task, seq] {
+        auto lapse = clk->call_at(o.lapses_at, [weak, weak_st, weak_s, task, serial] {
           auto self = weak.lock();
           auto ns = weak_st.lock();
           if (!self || !ns) return;
-          self->post([self, ns, weak_s, task, seq] {
+          self->post([self, ns, weak_s, task, serial] {
             std::optional<offer> lapsed;
             {
               std::lock_guard held(ns->mu);
@@ -321,14 +321,21 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
               auto wit = ns->workers.find(s.get());
               if (wit == ns->workers.end()) return;
               auto it = wit->second.offers.find(task);
-              if (it == wit->second.offers.end() || it->second.o.msg.seq != seq) return;
+              if (it == wit->second.offers.end() || it->second.serial != serial) return;
               lapsed = std::move(it->second.o);
               wit->second.offers.erase(it);
             }
-            self->offer_done(ns, *lapsed, true);
+            self->offer_done(ns, *lapsed, false);
           });
         });
-        best->offers.insert_or_assign(o.task.task, detail::open_offer{.o = o, .lapse = lapse});
+        // A redelivery of a task still on offer here (it came back before the offer lapsed
+        // on this gateway's clock) replaces the offer and its lapse.
+        detail::open_offer fresh{.o = o, .lapse = lapse, .serial = serial};
+        auto [it, added] = best->offers.try_emplace(o.task.task, fresh);
+        if (!added) {
+          clk->cancel(it->second.lapse);
+          it->second = std::move(fresh);
+        }
       }
     }
     if (!target) {

@@ -32,6 +32,7 @@ namespace detail {
 struct open_offer {
   offer o;
   timer_id lapse = 0;
+  std::uint64_t serial = 0;  // this gateway's number for the offer: redeliveries share `seq`
 };
 
 // A session's part in the job work of its namespace: what it registered, the offers open
@@ -62,6 +63,7 @@ struct ns_state {
   std::map<const void*, worker> workers;           // every authenticated session
   std::set<std::string, std::less<>> fetching;     // jobs with a fetch in flight
   std::set<std::string, std::less<>> retry_armed;  // jobs waiting to fetch again after an error
+  std::uint64_t offers_made = 0;                   // numbers the open offers
 
   explicit ns_state(namespace_name n) : ns(std::move(n)) {}
 };
@@ -113,7 +115,9 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
                       result<std::vector<offer>> r);
   void pump_all(const std::shared_ptr<detail::ns_state>& ns, const std::vector<job_name>& jobs);
   // A session's offer is over (claimed elsewhere, lapsed, declined or its session left):
-  // hand it back to the queue when `release`, then offer again.
+  // hand it back to the queue when `release`, then offer again. A lapsed offer is not
+  // handed back: the consumer's AckWait brings it again, and by then another gateway may
+  // have it, so a nak could only disturb that one.
   void offer_done(const std::shared_ptr<detail::ns_state>& ns, const offer& o, bool release);
   // Times a backend call into `amp_backend_seconds`.
   template <class F>

@@ -1211,14 +1211,22 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
         for (const auto& [task, job] : it->second.leases) held.push_back(task);
       }
     }
+    // Each lease on its own: one the backend could not extend does not keep the others from
+    // being extended; the answer is then that error, naming the leases it concerns.
+    std::optional<error> trouble;
+    std::vector<std::string> not_extended;
     json_writer w;
     w.begin_object().key("leases").begin_array();
     for (const auto& task : held) {
       auto t = task_id::make(task).value();
       auto l = gw->timed([&] { return st->b->jobs().heartbeat(t, me.participant); });
       if (!l) {
-        if (l.error().code() != errc::lease_lost) return fail(rq, l.error());
-        lease_over(st, task, {});
+        if (l.error().code() == errc::lease_lost) {
+          lease_over(st, task, {});
+        } else {
+          if (!trouble) trouble = l.error();
+          not_extended.push_back(task);
+        }
         continue;
       }
       w.begin_object()
@@ -1229,6 +1237,11 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       w.end_object();
     }
     w.end_array().end_object();
+    if (trouble) {
+      return fail(rq, error(trouble->code(),
+                            fmt::format("not extended: {} ({}); the others were",
+                                        fmt::join(not_extended, ", "), trouble->message())));
+    }
     reply_members(rq, w.take());
   }
 
@@ -1527,16 +1540,37 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     auto& me = here.first;
     auto& st = here.second;
     std::vector<std::string> leases;
+    // The entry is the participant's: while another of its sessions here is registered it
+    // stays (written from that session's registration when this one's was another).
+    std::optional<detail::worker> staying;
+    bool rewrite = false;
     {
       std::lock_guard lock(st->mu);
       auto it = st->workers.find(this);
-      if (it != st->workers.end()) {
-        it->second.registered = false;
-        for (const auto& [task, job] : it->second.leases) leases.push_back(task);
+      detail::worker* mine = it == st->workers.end() ? nullptr : &it->second;
+      if (mine) {
+        for (const auto& [task, job] : mine->leases) leases.push_back(task);
       }
+      for (const auto& [key, w] : st->workers) {
+        if (key == this || !w.registered || w.who != me.participant.view()) continue;
+        staying = w;
+        rewrite = mine && mine->registered &&
+                  (mine->jobs != w.jobs || mine->slots != w.slots || mine->meta != w.meta);
+        break;
+      }
+      if (mine) mine->registered = false;
     }
-    auto left = gw->timed([&] { return st->b->registry().leave(me.participant); });
-    if (!left) return fail(rq, left.error());
+    if (!staying) {
+      auto left = gw->timed([&] { return st->b->registry().leave(me.participant); });
+      if (!left) return fail(rq, left.error());
+    } else if (rewrite) {
+      auto entry = gw->timed([&] {
+        return st->b->registry().register_participant(me.participant, staying->jobs, staying->slots,
+                                                      staying->meta, load_of(me, *st));
+      });
+      if (!entry) return fail(rq, entry.error());
+      remember_entry(*st, *entry);
+    }
     for (const auto& task : leases) {
       auto released = gw->timed(
           [&] { return st->b->jobs().release_lease(task_id::make(task).value(), me.participant); });

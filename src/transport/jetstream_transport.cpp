@@ -1914,6 +1914,7 @@ class jetstream_backend final : public transport,
           msg.headers = headers_of(m);
           const char* reply = natsMsg_GetReply(m);
           if (!reply || !fill_from_ack_subject(msg, reply)) return false;
+          msg.delivered_at = self->conn_->clock()->now();
           if (msg.time < f->not_before) {
             self->conn_->publish_raw(msg.ack_token, nullptr, "+ACK", nullptr);
           } else {

@@ -913,9 +913,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   }
 
   message delivered(const stream_state_impl& s, const consumer_state& c, std::uint64_t seq,
-                    std::uint64_t delivery) const {
+                    std::uint64_t delivery, time_point now) const {
     message m = s.msgs.at(seq).msg;
     m.consumer = c.config.durable;
+    m.delivered_at = now;
     m.delivery_count = delivery;
     m.consumer_seq = c.consumer_seq;
     m.ack_token = token(s.config.name, c, seq, delivery);
@@ -938,7 +939,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
         ++p.deliveries;
         p.deadline = now + c.config.ack_wait;
         ++c.consumer_seq;
-        out.push_back(delivered(s, c, seq, p.deliveries));
+        out.push_back(delivered(s, c, seq, p.deliveries, now));
       }
       ++it;
     }
@@ -957,7 +958,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
           seq, pending_delivery{.deliveries = 1, .deadline = now + c.config.ack_wait});
       if (fresh) it->second.holders.push_back(&c);
       ++c.consumer_seq;
-      out.push_back(delivered(s, c, seq, 1));
+      out.push_back(delivered(s, c, seq, 1, now));
     }
     return out;
   }

@@ -176,12 +176,20 @@ class job_queue {
   /// Hands an offer back at once (its session went away); no attempt.
   result<void> release(const offer& o);
 
-  /// Extends `who`'s lease on `task`. `lease_lost` when `who` does not hold a live lease,
-  /// or when `attempt` is given and is not the task's current attempt (the fence, spec §7).
+  /// Extends `who`'s lease on `task`. `lease_lost` when `who` does not hold a live lease
+  /// (the lease is then no longer counted in `leases_of`), or when `attempt` is given and
+  /// is not the task's current attempt (the fence, spec §7; a live lease of the current
+  /// attempt stays counted).
   result<lease> heartbeat(const task_id& task, const participant_name& who,
                           std::optional<int> attempt = std::nullopt);
-  /// Extends every lease `who` holds through this job queue.
-  result<std::vector<lease>> heartbeat_all(const participant_name& who);
+  /// What `heartbeat_all` did to one lease.
+  struct heartbeat_outcome {
+    task_id task;
+    result<lease> extended;  ///< the lease as extended, or `heartbeat`'s error
+  };
+  /// Extends every lease `who` holds through this job queue, each on its own: an error on
+  /// one (the backend away) does not stop the others. One outcome per lease, in task order.
+  std::vector<heartbeat_outcome> heartbeat_all(const participant_name& who);
   /// The leases `who` holds through this job queue.
   std::vector<task_id> leases_of(const participant_name& who) const;
   /// Whether `who` holds the lease on `task` through this job queue (as `leases_of` would

@@ -65,6 +65,10 @@ struct task_record {
   std::string ack_token{};             ///< the job message's ack token of the current claim
   std::uint64_t job_seq = 0;           ///< stream sequence of the job message
   std::string idem_key{};              ///< task-store key of its idempotency binding; empty: none
+  /// The submitter was told of the end where the job message was not at hand (a queued task
+  /// cancelled): its later delivery lets the message go without telling again. `history`
+  /// lists a revision that only sets it in place of the revision before it.
+  bool notified = false;
 
   bool has_owner() const noexcept { return !owner.empty(); }
   bool has_lease() const noexcept { return lease_expires_at != time_point{}; }

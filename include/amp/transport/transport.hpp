@@ -134,6 +134,9 @@ struct message {
   std::uint64_t delivery_count = 0;  ///< 1 on first delivery; +1 per redelivery (a nak counts)
   std::uint64_t consumer_seq = 0;
   std::string ack_token{};  ///< opaque; identifies the message to `async_acknowledge`
+  /// When this delivery reached the transport, on its clock: the consumer's `ack_wait`
+  /// runs from about then.
+  time_point delivered_at{};
 };
 
 /// Where a consumer or replay starts.

@@ -6,14 +6,21 @@
 // "kv_get", "kv_create", "kv_update", "kv_put", "kv_delete", "kv_purge", "kv_erase",
 // "fetch") and the subject, key, ack token or consumer it concerns; an error it returns is the
 // operation's answer, and the operation does not reach the real transport. `late_naks` lengthens
-// the delay of every nak with a delay, as a server that receives the nak later redelivers later.
+// the delay of every nak with a delay, as a server that receives the nak later redelivers later;
+// `late_receipts` makes fetched messages arrive later than the consumer sent them (their
+// `delivered_at`), as over a slow network. `hold_updates` keeps the compare-and-set updates of
+// the keys it names in flight: each is answered `unavailable` at once and reaches the real
+// transport only at `land_held`, in the order they were made (a write whose answer was lost
+// with a dying stream leader, applied by the next one).
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "amp/transport/transport.hpp"
 
@@ -33,6 +40,33 @@ class faulty_transport final : public transport {
   void late_naks(duration extra) {
     std::lock_guard lock(mu_);
     nak_extra_ = extra;
+  }
+
+  void late_receipts(duration extra) {
+    std::lock_guard lock(mu_);
+    receipt_extra_ = extra;
+  }
+
+  void hold_updates(std::function<bool(std::string_view key)> which) {
+    std::lock_guard lock(mu_);
+    hold_ = std::move(which);
+  }
+
+  /// Stops holding and lets the held updates land; how many there were.
+  std::size_t land_held() {
+    std::vector<held_update> held;
+    {
+      std::lock_guard lock(mu_);
+      hold_ = {};
+      held.swap(held_);
+    }
+    for (auto& h : held) {
+      auto landed = std::make_shared<std::promise<void>>();
+      inner_->async_kv_update(h.bucket, h.key, std::move(h.value), h.revision, h.ttl,
+                              [landed](result<std::uint64_t>) { landed->set_value(); });
+      landed->get_future().wait();
+    }
+    return held.size();
   }
 
   capabilities caps() const override { return inner_->caps(); }
@@ -74,7 +108,18 @@ class faulty_transport final : public transport {
   void async_fetch(std::string_view s, std::string_view d, fetch_request r,
                    completion<std::vector<message>> done) override {
     if (auto e = check("fetch", d)) return done(std::move(*e));
-    inner_->async_fetch(s, d, r, std::move(done));
+    duration extra;
+    {
+      std::lock_guard lock(mu_);
+      extra = receipt_extra_;
+    }
+    if (extra == duration::zero()) return inner_->async_fetch(s, d, r, std::move(done));
+    inner_->async_fetch(s, d, r, [extra, done = std::move(done)](result<std::vector<message>> got) {
+      if (got) {
+        for (auto& m : *got) m.delivered_at += extra;
+      }
+      done(std::move(got));
+    });
   }
   void async_acknowledge(const message& msg, ack_kind kind, duration delay,
                          completion<void> done) override {
@@ -104,6 +149,14 @@ class faulty_transport final : public transport {
   void async_kv_update(std::string_view b, std::string_view k, std::string v, std::uint64_t rev,
                        std::optional<duration> ttl, completion<std::uint64_t> done) override {
     if (auto e = check("kv_update", k)) return done(std::move(*e));
+    {
+      std::unique_lock lock(mu_);
+      if (hold_ && hold_(k)) {
+        held_.push_back(held_update{std::string(b), std::string(k), std::move(v), rev, ttl});
+        lock.unlock();
+        return done(unexpected(errc::unavailable, "injected: no answer (the write is in flight)"));
+      }
+    }
     inner_->async_kv_update(b, k, std::move(v), rev, ttl, std::move(done));
   }
   void async_kv_put(std::string_view b, std::string_view k, std::string v,
@@ -147,7 +200,18 @@ class faulty_transport final : public transport {
   std::shared_ptr<transport> inner_;
   std::mutex mu_;
   fault_fn fault_;
+  struct held_update {
+    std::string bucket;
+    std::string key;
+    std::string value;
+    std::uint64_t revision;
+    std::optional<duration> ttl;
+  };
+
   duration nak_extra_{};
+  duration receipt_extra_{};
+  std::function<bool(std::string_view)> hold_;
+  std::vector<held_update> held_;
 };
 
 }  // namespace amp::broker_testing

@@ -312,12 +312,57 @@ TEST_CASE("heartbeats keep a lease alive past its length", "[jobs]") {
     auto l = must(env.q->heartbeat(id, env.w1));
     CHECK(l.expires_at > env.t->clock()->now());
   }
-  auto all = must(env.q->heartbeat_all(env.w1));
+  auto all = env.q->heartbeat_all(env.w1);
   REQUIRE(all.size() == 1);
   CHECK(all[0].task == id);
+  CHECK(must(all[0].extended).task == id);
   CHECK(env.offers_now().empty());  // never redelivered while the lease lives
   must(env.q->complete(id, env.w1, "true"));
   CHECK(env.lost().empty());
+}
+
+TEST_CASE("heartbeat_all extends each lease on its own, and a lease found lost stops counting",
+          "[jobs]") {
+  jobs_env env;
+  std::vector<task_id> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(env.submit(std::to_string(i)));
+  auto offers = env.offers(3);
+  REQUIRE(offers.size() == 3);
+  for (const auto& o : offers) must(env.q->claim(o, env.w1));
+  std::sort(ids.begin(), ids.end());
+  CHECK(env.q->leases_of(env.w1) == ids);
+  auto refused = ids[0];
+  env.t->set_fault([&](std::string_view op, std::string_view key) -> std::optional<error> {
+    if (op == "kv_update" && key.find(refused.view()) != std::string_view::npos) {
+      return error(errc::unavailable, "backend away");
+    }
+    return std::nullopt;
+  });
+  env.advance(env.lease() / 2);
+  auto all = env.q->heartbeat_all(env.w1);
+  env.t->set_fault({});
+  REQUIRE(all.size() == 3);
+  CHECK(all[0].task == refused);
+  CHECK(code_of(all[0].extended) == errc::unavailable);
+  for (int i = 1; i < 3; ++i) {  // the refusal of the first did not stop these
+    CHECK(all[i].task == ids[i]);
+    REQUIRE(all[i].extended.has_value());
+    CHECK(all[i].extended->expires_at == env.record(ids[i]).lease_expires_at);
+    CHECK(env.record(ids[i]).lease_expires_at > env.t->clock()->now() + env.lease() * 9 / 10);
+  }
+  CHECK(env.q->leases_of(env.w1) == ids);  // refused, not lost: still its load
+  must(env.q->heartbeat(refused, env.w1));
+
+  // Elsewhere the lease on ids[1] moved to w2. Its next heartbeat here is lease_lost, and
+  // the lease is no longer w1's load (it was until its timer fired).
+  auto r = must(env.q->store()->get(env.cfg.ns, ids[1]));
+  r.owner = "w2";
+  r.attempt = 2;
+  must(env.q->store()->update(r));
+  CHECK(code_of(env.q->heartbeat(ids[1], env.w1)) == errc::lease_lost);
+  // A fenced heartbeat (another attempt) says nothing about w1's live lease on ids[2].
+  CHECK(code_of(env.q->heartbeat(ids[2], env.w1, 7)) == errc::lease_lost);
+  CHECK(env.q->leases_of(env.w1) == std::vector<task_id>{ids[0], ids[2]});
 }
 
 TEST_CASE("max_attempts expired leases end the task failed: attempts_exhausted", "[jobs]") {
@@ -408,6 +453,25 @@ TEST_CASE("an offer neither claimed nor declined lapses and is offered again", "
   auto again = env.one_offer();
   CHECK(again.attempt == 1);
   must(env.q->claim(again, env.w2));
+}
+
+TEST_CASE("an offer lapses a lease after its delivery, however long judging it took", "[jobs]") {
+  jobs_env env;
+  env.submit();
+  auto slow = env.lease() / 2;
+  std::atomic<bool> once{true};
+  env.t->set_fault([&](std::string_view op, std::string_view) -> std::optional<error> {
+    if (op == "kv_get" && once.exchange(false)) env.advance(slow);  // a slow read of the record
+    return std::nullopt;
+  });
+  auto before = env.t->clock()->now();
+  auto o = env.one_offer();
+  env.t->set_fault({});
+  REQUIRE_FALSE(once);
+  CHECK(o.msg.delivered_at >= before);
+  CHECK(o.msg.delivered_at + slow <= env.t->clock()->now());
+  CHECK(o.lapses_at <= o.msg.delivered_at + env.lease());
+  CHECK(o.lapses_at >= o.msg.delivered_at + env.lease() - std::chrono::milliseconds(1));
 }
 
 TEST_CASE("cancel: queued and running tasks end, terminal is conflict, others not_found",
@@ -543,6 +607,74 @@ TEST_CASE("a keyed submission cut short is finished by its retry, once", "[jobs]
   }
 }
 
+TEST_CASE("a keyed retry past the duplicate window: the second message is dropped, not offered",
+          "[jobs]") {
+  jobs_env env(3, [](bool real_time, broker_config& c) {
+    if (real_time) c.duplicate_window = std::chrono::seconds(1);
+  });
+  env.t->set_fault([](std::string_view op, std::string_view key) -> std::optional<error> {
+    if (op == "kv_create" && key.find(".t_") != std::string_view::npos) {
+      return error(errc::unavailable, "injected: crash before the record");
+    }
+    return std::nullopt;
+  });
+  submit_request req{.job = env.job, .from = env.alice, .body = "5", .idempotency_key = "late"};
+  auto first = must(env.q->submit(req));
+  env.t->set_fault({});
+  env.advance(env.cfg.duplicate_window + std::chrono::milliseconds(500));
+  // The record is missing, so the retry cannot know the message is stored: it publishes
+  // again, and the stream no longer knows the message id.
+  auto retry = must(env.q->submit(req));
+  CHECK(retry.task == first.task);
+  CHECK_FALSE(retry.created);
+  CHECK(env.stored_messages() == 2);
+
+  auto offers = env.offers(5);
+  REQUIRE(offers.size() == 1);
+  must(env.q->claim(offers[0], env.w1));
+  must(env.q->complete(first.task, env.w1, "1"));
+  CHECK(env.offers(5).empty());
+  REQUIRE(eventually([&] { return env.stored_messages() == 0; }));
+  std::vector<std::string> told;
+  for (const auto& n : env.notices()) told.push_back(n.msg_id);
+  CHECK(told == std::vector<std::string>{first.task.str() + ".completed"});
+  CHECK(env.record(first.task).attempt == 1);
+}
+
+TEST_CASE("a queued task cancelled: its submitter is told once, also when the message comes late",
+          "[jobs]") {
+  jobs_env env(3, [](bool real_time, broker_config& c) {
+    if (real_time) c.duplicate_window = std::chrono::seconds(1);
+  });
+  auto told = env.submit("1");
+  auto untold = env.submit("2");
+  must(env.q->cancel(told, viewer{.who = env.alice}));
+  env.fail_notices = true;  // this notice cannot be sent now: the delivery sends it
+  must(env.q->cancel(untold, viewer{.who = env.alice}));
+  env.fail_notices = false;
+  auto ends = [&](const task_id& id) {
+    auto all = env.notices();
+    return std::count_if(all.begin(), all.end(),
+                         [&](const task_notice& n) { return n.msg_id == id.str() + ".cancelled"; });
+  };
+  CHECK(ends(told) == 1);
+  CHECK(ends(untold) == 0);
+  REQUIRE(eventually([&] { return env.record(told).notified; }));
+  CHECK_FALSE(env.record(untold).notified);
+  // Past the duplicate window that would hide a repeat, the messages are delivered.
+  env.advance(env.cfg.duplicate_window + std::chrono::seconds(1));
+  CHECK(env.offers(2).empty());
+  REQUIRE(eventually([&] { return env.stored_messages() == 0; }));
+  CHECK(ends(told) == 1);
+  CHECK(ends(untold) == 1);
+  // The revision that records the notice stands in for the cancel in the history.
+  auto history = must(env.q->history(told, viewer{.who = env.alice}));
+  REQUIRE(history.size() == 2);
+  CHECK(history[0].state == task_state::queued);
+  CHECK(history[1].state == task_state::cancelled);
+  CHECK(history[1].revision == env.record(told).revision);
+}
+
 TEST_CASE("an outcome committed but not acknowledged is acked on redelivery, not redone",
           "[jobs]") {
   jobs_env env;
@@ -626,7 +758,9 @@ TEST_CASE("a lease timer that loses its race leaves the new holder's lease alone
   CHECK(claimed);
   CHECK(env.lost() == std::vector<std::pair<std::string, std::string>>{{"w1", id.str()}});
   CHECK(env.q->leases_of(env.w2) == std::vector<task_id>{id});
-  CHECK(must(env.q->heartbeat_all(env.w2)).size() == 1);
+  auto all = env.q->heartbeat_all(env.w2);
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].extended.has_value());
   must(env.q->complete(id, env.w2, "2"));
 }
 
@@ -659,6 +793,33 @@ TEST_CASE("the fence: an attempt that is not the current one gets lease_lost", "
   CHECK(must(env.q->complete(id, env.w1, R"("two")")).duplicate);
   CHECK(code_of(env.q->complete(id, env.w1, "1", 1)) == errc::lease_lost);
   CHECK(env.record(id).result == R"("two")");
+}
+
+TEST_CASE("a complete without an answer is not lease_lost while its write may still land",
+          "[jobs]") {
+  jobs_env env;
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  // The stream's leader dies with the complete's write in flight: no answer.
+  env.t->hold_updates([&](std::string_view key) { return key.find(id.view()) != key.npos; });
+  CHECK(code_of(env.q->complete(id, env.w1, "42", 1)) == errc::unavailable);
+  env.advance(env.lease() + std::chrono::milliseconds(100));
+  // The lease has lapsed, but the write may still land: the retry cannot say lease_lost.
+  auto retry = env.q->complete(id, env.w1, "42", 1);
+  CHECK(code_of(retry) == errc::unavailable);
+  CHECK(env.record(id).state == task_state::running);
+  REQUIRE(env.t->land_held() >= 1);  // the next leader applies it
+  CHECK(env.record(id).state == task_state::completed);
+  auto again = must(env.q->complete(id, env.w1, "42", 1));
+  CHECK(again.duplicate);
+  CHECK(again.task.result == "42");
+  env.advance(std::chrono::seconds(2));  // the lease timer finds it ended by its holder
+  REQUIRE(eventually([&] { return env.q->leases_of(env.w1).empty(); }));
+  CHECK(env.lost().empty());
+  CHECK(env.offers_now(2).empty());  // the redelivered message tells the submitter, once
+  std::vector<std::string> told;
+  for (const auto& n : env.notices()) told.push_back(n.msg_id);
+  CHECK(told == std::vector<std::string>{id.str() + ".completed"});
 }
 
 TEST_CASE("a lease timer does not take over a newer attempt of the same holder", "[jobs]") {

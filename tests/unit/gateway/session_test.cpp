@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <fmt/format.h>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -532,6 +533,51 @@ TEST_CASE("decline offers again without an attempt, an unclaimed offer lapses, f
   CHECK(retried->num("/attempt") == 2);
 }
 
+TEST_CASE("a lapsed offer is left to the AckWait, and a redelivery on offer is not withdrawn",
+          "[session]") {
+  std::shared_ptr<amp::broker_testing::faulty_transport> faults;
+  gateway_rig rig(
+      [](amp::server_config& c) {
+        c.default_job.lease_s = 10;
+        c.registry_ttl_s = 600;
+      },
+      4u << 20, amp::inline_executor(),
+      [&](std::shared_ptr<amp::transport> inner) {
+        faults = std::make_shared<amp::broker_testing::faulty_transport>(std::move(inner));
+        return faults;
+      });
+  std::atomic<int> naks{0};
+  faults->set_fault([&](std::string_view op, std::string_view) -> std::optional<amp::error> {
+    if (op == "nak") ++naks;
+    return std::nullopt;
+  });
+  auto worker = rig.connect("w1");
+  REQUIRE(worker.request(R"({"op":"register","id":1,"jobs":["j"],"slots":2})", "1").op() == "ok");
+  auto producer = rig.connect("prod");
+  auto task = producer.request(R"({"op":"submit","id":2,"job":"j","body":1})", "2").str("/task");
+  REQUIRE(worker.next("offer"));
+  // From now on deliveries arrive 2 s after the consumer sent them.
+  faults->late_receipts(2s);
+  rig.clock->advance(10s);  // lapses with the consumer's AckWait: offered again, no nak
+  auto again = worker.next("offer");
+  REQUIRE(again);
+  CHECK(again->str("/task") == task);
+  CHECK(naks == 0);
+
+  // The AckWait brings the task back while it is still on offer here (the offer lapses 2 s
+  // later on this side). The fresh offer replaces the old one, whose lapse must not take
+  // it away.
+  rig.clock->advance(10s);
+  auto third = worker.next("offer");
+  REQUIRE(third);
+  CHECK(third->str("/task") == task);
+  rig.clock->advance(3s);  // past the replaced offer's lapse
+  CHECK_FALSE(worker.next("offer"));
+  auto claim = worker.request(R"({"op":"claim","id":3,"task":")" + task + "\"}", "3");
+  CHECK(claim.op() == "ok");
+  CHECK(naks == 0);
+}
+
 TEST_CASE("idempotent submit and cancel", "[session]") {
   gateway_rig rig;
   auto producer = rig.connect("prod");
@@ -617,6 +663,47 @@ TEST_CASE("presence: watch, who, expiry without heartbeats, bye", "[session]") {
   auto left = watcher.next("presence");
   REQUIRE(left);
   CHECK(left->str("/reason") == "left");
+}
+
+TEST_CASE("bye leaves the entry to another registered session of the participant", "[session]") {
+  gateway_rig rig([](amp::server_config& c) { c.registry_ttl_s = 600; });
+  auto watcher = rig.connect("watcher");
+  REQUIRE(watcher.request(R"({"op":"watch","id":1})", "1").op() == "ok");
+  auto a = rig.connect("w1");
+  auto b = rig.connect("w1");
+  auto c = rig.connect("w1");  // never registers
+  REQUIRE(a.request(R"({"op":"register","id":1,"jobs":["j"],"slots":1})", "1").op() == "ok");
+  REQUIRE(b.request(R"({"op":"register","id":1,"jobs":["k"],"slots":2})", "1").op() == "ok");
+  REQUIRE(watcher.next("presence"));
+  REQUIRE(watcher.next("presence"));
+  auto jobs_listed = [&](std::string_view id) {
+    auto who = watcher.request(fmt::format(R"({{"op":"who","id":{}}})", id), std::string(id));
+    return who.raw("/participants/0/jobs");
+  };
+  CHECK(jobs_listed("2") == R"(["k"])");
+
+  REQUIRE(c.request(R"({"op":"bye","id":2})", "2").op() == "ok");  // not registered: no change
+  CHECK_FALSE(watcher.next("presence"));
+  CHECK(jobs_listed("3") == R"(["k"])");
+
+  REQUIRE(b.request(R"({"op":"bye","id":2})", "2").op() == "ok");  // a stays: the entry is a's
+  auto again = watcher.next("presence");
+  REQUIRE(again);
+  CHECK(again->str("/state") == "up");
+  CHECK(again->raw("/entry/jobs") == R"(["j"])");
+  CHECK(jobs_listed("4") == R"(["j"])");
+  auto producer = rig.connect("prod");
+  auto task = producer.request(R"({"op":"submit","id":2,"job":"j","body":1})", "2").str("/task");
+  auto offer = a.next("offer");
+  REQUIRE(offer);
+  CHECK(offer->str("/task") == task);
+
+  REQUIRE(a.request(R"({"op":"bye","id":2})", "2").op() == "ok");  // the last one: down, left
+  auto down = watcher.next("presence");
+  REQUIRE(down);
+  CHECK(down->str("/state") == "down");
+  CHECK(down->str("/reason") == "left");
+  CHECK(watcher.request(R"({"op":"who","id":5})", "5").raw("/participants") == "[]");
 }
 
 TEST_CASE("rate limits answer rate_limited with retry_after_ms, budgets budget_exhausted",
