@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -158,7 +159,14 @@ struct gateway_rig {
                              .workers = workers,
                              .outbound_limit_bytes = outbound_limit}));
   }
-  ~gateway_rig() { gw->shutdown(); }
+  // `shutdown` waits for the gateway's fetches, which wait a second of this clock: it runs
+  // beside a thread that lets the clock go on.
+  ~gateway_rig() {
+    auto done = std::async(std::launch::async, [this] { gw->shutdown(); });
+    while (done.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
+      clock->advance(std::chrono::milliseconds(250));
+    }
+  }
 
   std::string token(std::string_view sub, std::string_view grants = k_all_grants,
                     std::string_view ns = "demo") {
