@@ -21,6 +21,22 @@ using amp::testing::frame;
 using amp::testing::gateway_rig;
 using amp::testing::wire;
 
+// A rig whose backend is a faulty_transport over the memory transport; jobs have a 10 s
+// lease, registry entries live 600 s.
+struct faulty_rig {
+  std::shared_ptr<amp::broker_testing::faulty_transport> faults;
+  gateway_rig rig{[](amp::server_config& c) {
+                    c.default_job.lease_s = 10;
+                    c.registry_ttl_s = 600;
+                  },
+                  4u << 20, amp::inline_executor(),
+                  [this](std::shared_ptr<amp::transport> inner) {
+                    faults =
+                        std::make_shared<amp::broker_testing::faulty_transport>(std::move(inner));
+                    return faults;
+                  }};
+};
+
 }  // namespace
 
 TEST_CASE("hello answers with the session's facts, other ops before it are unauthenticated",
@@ -458,17 +474,9 @@ TEST_CASE(
 
 TEST_CASE("a lease whose end the backend could not judge is judged when it is back: no stall",
           "[session]") {
-  std::shared_ptr<amp::broker_testing::faulty_transport> faults;
-  gateway_rig rig(
-      [](amp::server_config& c) {
-        c.default_job.lease_s = 10;
-        c.registry_ttl_s = 600;
-      },
-      4u << 20, amp::inline_executor(),
-      [&](std::shared_ptr<amp::transport> inner) {
-        faults = std::make_shared<amp::broker_testing::faulty_transport>(std::move(inner));
-        return faults;
-      });
+  faulty_rig f;
+  auto& rig = f.rig;
+  auto& faults = f.faults;
   auto worker = rig.connect("w1");
   REQUIRE(worker.request(R"({"op":"register","id":1,"jobs":["j"],"slots":1})", "1").op() == "ok");
   auto producer = rig.connect("prod");
@@ -535,17 +543,9 @@ TEST_CASE("decline offers again without an attempt, an unclaimed offer lapses, f
 
 TEST_CASE("a lapsed offer is left to the AckWait, and a redelivery on offer is not withdrawn",
           "[session]") {
-  std::shared_ptr<amp::broker_testing::faulty_transport> faults;
-  gateway_rig rig(
-      [](amp::server_config& c) {
-        c.default_job.lease_s = 10;
-        c.registry_ttl_s = 600;
-      },
-      4u << 20, amp::inline_executor(),
-      [&](std::shared_ptr<amp::transport> inner) {
-        faults = std::make_shared<amp::broker_testing::faulty_transport>(std::move(inner));
-        return faults;
-      });
+  faulty_rig f;
+  auto& rig = f.rig;
+  auto& faults = f.faults;
   std::atomic<int> naks{0};
   faults->set_fault([&](std::string_view op, std::string_view) -> std::optional<amp::error> {
     if (op == "nak") ++naks;
