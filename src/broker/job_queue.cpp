@@ -198,6 +198,21 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
         fmt::format("an earlier change of {} has no known outcome yet; try again", task.view()));
   }
 
+  // The answer when the store shows `who`'s lease on `task` not live (`rec`, or no record):
+  // `unavailable` while a write of it may still land (see `undecided`); else `lease_lost`.
+  // A task that moved on (ended, or another holder or attempt) is no longer `who`'s load
+  // here; one still running as `who`'s, its lease lapsed, is left to the lease's timer,
+  // which moves it on.
+  error not_live(const task_id& task, const participant_name& who, const task_record* rec) {
+    if (rec) {
+      if (auto wait = undecided(task, who, *rec)) return *wait;
+    }
+    if (!rec || rec->state != task_state::running || rec->owner != who.str()) {
+      untrack(task.view(), who);
+    }
+    return lease_lost(task);
+  }
+
   // Forgets `holder`'s lease on `task` (not a newer holder's); true when it was there.
   bool untrack(std::string_view task, const participant_name& holder) {
     std::lock_guard lock(mu);
@@ -206,20 +221,6 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     t->clock()->cancel(it->second.timer);
     leases.erase(it);
     return true;
-  }
-
-  // After a `lease_lost` answer to `holder` about `task`: forgets the lease tracked for it
-  // unless the store shows it live (running, `holder`'s, not expired; the answer was then
-  // the fence, about another attempt). Unreadable: kept, for the lease timer to judge.
-  void untrack_unless_live(const task_id& task, const participant_name& holder) {
-    if (!written(task.view(), holder)) return;
-    auto rec = store->get(config.ns, task);
-    if (!rec && rec.error().code() != errc::not_found) return;
-    if (rec && rec->state == task_state::running && rec->owner == holder.str() &&
-        rec->lease_expires_at > now()) {
-      return;
-    }
-    untrack(task.view(), holder);
   }
 
   void on_lease_timer(const std::string& task_str, const participant_name& holder) {
@@ -543,14 +544,13 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
                               std::optional<int> attempt = std::nullopt) {
     auto rec = latest(task, who, round, attempt);
     if (!rec) {
-      if (rec.error().code() == errc::not_found) return lease_lost(task);
+      if (rec.error().code() == errc::not_found) return not_live(task, who, nullptr);
       return rec;
     }
     if (auto stale = fenced(task, *rec, attempt)) return *stale;
     if (rec->state != task_state::running || rec->owner != who.str() ||
         rec->lease_expires_at <= now()) {
-      if (auto wait = undecided(task, who, *rec)) return *wait;
-      return lease_lost(task);
+      return not_live(task, who, &*rec);
     }
     return rec;
   }
@@ -625,8 +625,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     }
     if (rec.state != task_state::running || rec.owner != who.str() ||
         rec.lease_expires_at <= now()) {
-      if (auto wait = undecided(task, who, rec)) return *wait;
-      return lease_lost(task);
+      return not_live(task, who, &rec);
     }
     rec.state = task_state::completed;
     rec.result = result_json;
@@ -651,7 +650,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     for (int round = first_round; round < k_cas_rounds; ++round) {
       auto rec = latest(task, who, round, attempt);
       if (!rec) {
-        if (rec.error().code() == errc::not_found) return lease_lost(task);
+        if (rec.error().code() == errc::not_found) return not_live(task, who, nullptr);
         return rec.error();
       }
       if (auto answer = completing(*rec, task, who, result_json, attempt)) {
@@ -872,12 +871,7 @@ result<lease> job_queue::heartbeat(const task_id& task, const participant_name& 
                                    std::optional<int> attempt) {
   for (int round = 0; round < k_cas_rounds; ++round) {
     auto rec = s_->held_by(task, who, round, attempt);
-    if (!rec) {
-      // A lease that is over is no longer `who`'s load; a fenced attempt says nothing
-      // about the live one.
-      if (rec.error().code() == errc::lease_lost) s_->untrack_unless_live(task, who);
-      return rec.error();
-    }
+    if (!rec) return rec.error();
     rec->lease_expires_at = s_->now() + s_->job_of(*rec).lease;
     rec->updated_at = s_->now();
     int writing = rec->attempt;

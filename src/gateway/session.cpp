@@ -1542,7 +1542,12 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     std::vector<std::string> leases;
     // The entry is the participant's: while another of its sessions here is registered it
     // stays (written from that session's registration when this one's was another).
-    std::optional<detail::worker> staying;
+    struct registration {
+      std::vector<job_name> jobs;
+      int slots = 0;
+      std::string meta;
+    };
+    std::optional<registration> staying;
     bool rewrite = false;
     {
       std::lock_guard lock(st->mu);
@@ -1553,7 +1558,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       }
       for (const auto& [key, w] : st->workers) {
         if (key == this || !w.registered || w.who != me.participant.view()) continue;
-        staying = w;
+        staying = registration{w.jobs, w.slots, w.meta};
         rewrite = mine && mine->registered &&
                   (mine->jobs != w.jobs || mine->slots != w.slots || mine->meta != w.meta);
         break;
