@@ -46,6 +46,7 @@ void nats_loop::stop() {
   }
   wake();
   if (thread_.joinable()) thread_.join();
+  std::lock_guard flushing(flush_mu_);  // a caller writing now is done; later ones see stopping_
 }
 
 void nats_loop::wake() {
@@ -110,11 +111,30 @@ nats_loop::flush_scope::flush_scope() {
 nats_loop::flush_scope::~flush_scope() {
   if (--scope_depth > 0) return;
   if (std::exchange(deferred, false)) return;
-  if (auto loop = std::exchange(owed, nullptr)) loop->wake();
+  if (auto loop = std::exchange(owed, nullptr)) loop->write_now();
 }
 
 void nats_loop::defer_flush() {
   if (scope_depth > 0) deferred = true;
+}
+
+// cnats takes a write of nothing for a closed connection: the buffer is written only by a
+// holder of flush_mu_, and only while cnats has said it holds something (write_added_).
+void nats_loop::write_now() {
+  {
+    std::lock_guard flushing(flush_mu_);
+    natsConnection* nc = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_ || fd_ == k_no_socket || fd_gone_)
+        nc = nullptr;
+      else
+        nc = nc_;
+    }
+    if (nc && write_added_.load()) natsConnection_ProcessWriteEvent(nc);
+  }
+  // A full socket took only part of it: the loop waits until it can take the rest.
+  if (write_added_.load()) wake();
 }
 
 void nats_loop::run() {
@@ -163,7 +183,10 @@ void nats_loop::run() {
         continue;
       }
     }
-    if (ev & POLLOUT) natsConnection_ProcessWriteEvent(nc);
+    if (ev & POLLOUT) {
+      std::lock_guard flushing(flush_mu_);
+      if (write_added_.load()) natsConnection_ProcessWriteEvent(nc);
+    }
   }
   running_loop = nullptr;
 }
