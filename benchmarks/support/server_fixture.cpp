@@ -45,11 +45,6 @@ server_process::server_process(server_settings s) : port_(s.port) {
   std::string path = AMP_SERVER_PATH;
   std::vector<std::string> args = {path, "--config", config.string()};
   args.insert(args.end(), s.extra_args.begin(), s.extra_args.end());
-  // For experiments and profiles: AMP_BENCH_SERVER_ARGS="--workers 4" (split on spaces).
-  if (const char* extra = std::getenv("AMP_BENCH_SERVER_ARGS")) {
-    std::istringstream words{std::string(extra)};
-    for (std::string w; words >> w;) args.push_back(w);
-  }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -226,8 +226,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   struct inbound_frame {
     std::string text;
     bool barrier = true;
-    std::string lane;      // empty with barrier false: no order to keep
-    bool inline_ = false;  // never waits on the backend: may run on the receiving thread
+    std::string lane;  // empty with barrier false: no order to keep
   };
 
   std::mutex in_mu;
@@ -360,9 +359,6 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       f.barrier = false;
       f.lane = fmt::format("{}:{}", prefix, *v);
     };
-    // These never wait on the backend (they answer from its completion), so they run on the
-    // thread that received them instead of being handed to an executor thread and back.
-    f.inline_ = *op == "claim" || *op == "complete" || *op == "ack" || *op == "nack";
     if (*op == "claim" || *op == "decline" || *op == "complete" || *op == "fail" ||
         *op == "cancel" || *op == "task" ||
         (*op == "heartbeat" && frame.at_key("task").error() == simdjson::SUCCESS)) {
@@ -378,7 +374,6 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   void receive(std::string_view text) {
     if (ended) return;
-    receiving_scope receiving;
     inbound_frame f;
     f.text = std::string(text);
     classify(f);
@@ -432,66 +427,22 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     return out;
   }
 
-  // While a thread is in `receive`: the inline frames that may start run on it, one after
-  // the other (a frame that lets the next start queues it here instead of recursing).
-  struct receiving_scope {
-    using queue = std::deque<std::pair<std::shared_ptr<impl>, inbound_frame>>;
-    static inline thread_local queue* inline_frames = nullptr;
-    static inline thread_local bool receiving = false;
-    bool outer = !std::exchange(receiving, true);
-    receiving_scope() = default;
-    ~receiving_scope() {
-      if (outer) receiving = false;
-    }
-    receiving_scope(const receiving_scope&) = delete;
-    receiving_scope& operator=(const receiving_scope&) = delete;
-  };
-
   void run(std::vector<inbound_frame> frames) {
     for (auto& f : frames) {
-      if (f.inline_ && receiving_scope::receiving) {
-        run_inline(std::move(f));
-        continue;
-      }
-      gw->post(
-          [self = shared_from_this(), f = std::move(f)]() mutable { self->execute(std::move(f)); });
+      gw->post([self = shared_from_this(), f = std::move(f)]() mutable {
+        auto text = std::move(f.text);
+        // The frame is finished when its answer is: at the end of `process`, or later, when
+        // an asynchronous operation lets go of its copy of `hold`.
+        // Counted in `in_flight` like executor work, so that shutdown waits for the answer.
+        self->gw->in_flight.fetch_add(1);
+        std::shared_ptr<void> hold(nullptr, [self, f = std::move(f)](void*) {
+          self->finished(f);
+          self->gw->in_flight.fetch_sub(1);
+        });
+        self->process(text, std::move(hold));
+        self->left_thread();
+      });
     }
-  }
-
-  void run_inline(inbound_frame f) {
-    auto*& pending = receiving_scope::inline_frames;
-    if (pending) {
-      pending->emplace_back(shared_from_this(), std::move(f));
-      return;
-    }
-    receiving_scope::queue frames;
-    frames.emplace_back(shared_from_this(), std::move(f));
-    pending = &frames;
-    while (!frames.empty()) {
-      auto [self, next] = std::move(frames.front());
-      frames.pop_front();
-      try {
-        self->execute(std::move(next));
-      } catch (const std::exception& e) {  // as gateway::impl::post does for executor work
-        gw->log("error", "internal", fmt::format("\"what\":{}", json_quote(e.what())));
-      }
-    }
-    pending = nullptr;
-  }
-
-  void execute(inbound_frame f) {
-    auto text = std::move(f.text);
-    // The frame is finished when its answer is: at the end of `process`, or later, when
-    // an asynchronous operation lets go of its copy of `hold`.
-    // Counted in `in_flight` like executor work, so that shutdown waits for the answer.
-    gw->in_flight.fetch_add(1);
-    auto self = shared_from_this();
-    std::shared_ptr<void> hold(nullptr, [self, f = std::move(f)](void*) {
-      self->finished(f);
-      self->gw->in_flight.fetch_sub(1);
-    });
-    process(text, std::move(hold));
-    left_thread();
   }
 
   // A frame's work on the executor returned (its answer may still be on its way).

@@ -20,7 +20,6 @@
 #include "amp/subjects.hpp"
 #include "amp/timestamp.hpp"
 #include "detail/serial_queue.hpp"
-#include "transport/nats_loop.hpp"
 #include "transport/stream_rules.hpp"
 
 namespace amp {
@@ -319,49 +318,6 @@ simdjson::dom::parser& local_parser() {
 
 // ----- connection and request multiplexer --------------------------------------------
 
-// cnats hands a destroyed message to its garbage-collector thread and wakes that thread when
-// its list was empty, which under load is once per message: a futex wake and two context
-// switches per reply. Messages are destroyed here in batches instead (the first of a batch
-// wakes the collector, which then frees the rest); at most k_batch - 1 wait, and `flush`
-// destroys them (a connection does when it closes).
-class message_reaper {
- public:
-  static message_reaper& instance() {
-    static auto* reaper = new message_reaper();  // never destroyed: messages may come late
-    return *reaper;
-  }
-
-  void destroy(natsMsg* m) {
-    std::vector<natsMsg*> batch;
-    {
-      std::lock_guard lock(mu_);
-      held_.push_back(m);
-      if (held_.size() < k_batch) return;
-      batch.swap(held_);
-      held_.reserve(k_batch);
-    }
-    for (auto* x : batch) natsMsg_Destroy(x);
-  }
-
-  void flush() {
-    std::vector<natsMsg*> batch;
-    {
-      std::lock_guard lock(mu_);
-      batch.swap(held_);
-    }
-    for (auto* x : batch) natsMsg_Destroy(x);
-  }
-
- private:
-  static constexpr std::size_t k_batch = 64;
-  std::mutex mu_;
-  std::vector<natsMsg*> held_;
-};
-
-void destroy_message(natsMsg* m) {
-  message_reaper::instance().destroy(m);
-}
-
 // Whether this thread is inside a cnats callback: a connection must not be closed there.
 thread_local int callback_depth = 0;
 struct in_callback_scope {
@@ -415,10 +371,10 @@ class connection : public std::enable_shared_from_this<connection> {
       natsSubscription_Destroy(mux_sub_);
     }
     if (js_) jsCtx_Destroy(js_);
-    if (nc_) natsConnection_Close(nc_);
-    if (loop_) loop_->stop();
-    if (nc_) natsConnection_Destroy(nc_);
-    message_reaper::instance().flush();
+    if (nc_) {
+      natsConnection_Close(nc_);
+      natsConnection_Destroy(nc_);
+    }
   }
 
   result<void> open(const jetstream_options& o) {
@@ -441,14 +397,7 @@ class connection : public std::enable_shared_from_this<connection> {
                         fmt::format("bad nats url \"{}\"", redact_nats_url(o.url)));
     }
     natsOptions_SetName(opts, o.name.c_str());
-    // SendAsap: no flusher thread. With the loop (see nats_loop.hpp) writes are the loop's;
-    // AMP_NATS_OWN_LOOP=0 leaves the socket to cnats's reader thread and every publish
-    // writes at once, for measurements.
     natsOptions_SetSendAsap(opts, true);
-    if (const char* v = std::getenv("AMP_NATS_OWN_LOOP"); !v || std::string_view(v) != "0") {
-      loop_ = std::make_shared<detail::nats_loop>();
-      if (loop_->use_in(opts) != NATS_OK) return unexpected(errc::internal, "no event loop");
-    }
     natsOptions_SetTimeout(opts, std::max<std::int64_t>(1, to_ms(o.connect_timeout)));
     natsOptions_SetMaxReconnect(opts, -1);
     natsOptions_SetReconnectWait(opts, std::max<std::int64_t>(1, to_ms(o.reconnect_wait)));
@@ -465,8 +414,6 @@ class connection : public std::enable_shared_from_this<connection> {
     }
     auto s = natsConnection_Connect(&nc_, opts);
     if (s != NATS_OK) {
-      nc_ = nullptr;
-      if (loop_) loop_->stop();
       return unexpected(
           errc::unavailable,
           fmt::format("cannot connect to {}: {}", redact_nats_url(o.url), natsStatus_GetText(s)));
@@ -541,7 +488,6 @@ class connection : public std::enable_shared_from_this<connection> {
 
   natsStatus publish_raw(const std::string& subject, const char* reply, std::string_view data,
                          const header_list* headers) {
-    detail::nats_loop::flush_scope batch;
     // cnats would still buffer the first message sent while it reconnects and deliver it
     // later, after we have answered `unavailable`.
     if (natsConnection_Status(nc_) != NATS_CONN_STATUS_CONNECTED)
@@ -559,7 +505,7 @@ class connection : public std::enable_shared_from_this<connection> {
       for (const auto& [k, v] : *headers) natsMsgHeader_Add(m, k.c_str(), v.c_str());
     }
     s = natsConnection_PublishMsg(nc_, m);
-    destroy_message(m);
+    natsMsg_Destroy(m);
     return s;
   }
 
@@ -677,19 +623,13 @@ class connection : public std::enable_shared_from_this<connection> {
     // drop every other one at once, and dispatch still touches the connection after the
     // answer. When this one is the last, the deleter closes the connection off this thread.
     if (auto self = static_cast<reply_anchor*>(closure)->conn.lock()) {
-      // What the answers cause goes out in one write once no more answers are queued.
-      detail::nats_loop::flush_scope batch;
-      int queued = 0;
-      if (natsSubscription_GetPending(self->mux_sub_, &queued, nullptr) == NATS_OK && queued > 0) {
-        detail::nats_loop::defer_flush();
-      }
       try {
         self->dispatch(m);
       } catch (...) {  // handlers are guarded: this is the transport's own failure
         detail::report_current_exception(*self->sink_, "the NATS reply subscription");
       }
     }
-    destroy_message(m);
+    natsMsg_Destroy(m);
   }
 
   static void on_reply_complete(void* closure) { delete static_cast<reply_anchor*>(closure); }
@@ -783,7 +723,6 @@ class connection : public std::enable_shared_from_this<connection> {
   std::shared_ptr<amp::clock> clock_;
   duration op_timeout_;
   std::shared_ptr<const detail::handler_error_sink> sink_;
-  std::shared_ptr<detail::nats_loop> loop_;
   natsConnection* nc_ = nullptr;
   jsCtx* js_ = nullptr;
   natsSubscription* mux_sub_ = nullptr;
@@ -977,7 +916,7 @@ void on_push(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
   } catch (...) {  // handlers are guarded by the queue: this is the transport's own failure
     detail::report_current_exception(st->sink, "an ordered consumer");
   }
-  destroy_message(m);
+  natsMsg_Destroy(m);
 }
 
 void free_push_state(void* closure) {

@@ -207,10 +207,8 @@ class job_queue {
   result<completion_result> complete(const task_id& task, const participant_name& who,
                                      std::string result_json,
                                      std::optional<int> attempt = std::nullopt);
-  /// `complete`, asynchronously: `done` runs on a transport thread, on the executor, or (an
-  /// answer known without the backend: a bad result, a stale attempt, a lease not live) on
-  /// the calling thread. Never blocks: a lease not held through this job queue is completed
-  /// on the executor (read, then written).
+  /// `complete`, asynchronously: `done` runs on a transport thread or on the executor. A
+  /// lease not held through this job queue is completed blocking, on the calling thread.
   void async_complete(const task_id& task, const participant_name& who, std::string result_json,
                       std::optional<int> attempt, completion<completion_result> done);
   /// Fails the current attempt: back to `queued` after `retry_delay` when `retry` and

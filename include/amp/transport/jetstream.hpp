@@ -16,11 +16,7 @@
 /// delays every other answer of the transport. A handler must not call a blocking wrapper
 /// (`publish`, `fetch`, `kv_get` ...) of the same transport: its answer would be delivered
 /// on the very thread that waits for it. Administrative operations block the calling
-/// thread for at most `op_timeout`. The connection's socket is read by a thread of the
-/// transport (cnats's external event loop); a request is written at once by the thread that
-/// makes it, except that the requests the handlers of a burst of answers make go out in one
-/// write once the burst is handled. The environment variable `AMP_NATS_OWN_LOOP=0` leaves
-/// the socket to cnats's reader thread with a write per publish instead, for measurements.
+/// thread for at most `op_timeout`.
 ///
 /// cnats locks. The first connection opens cnats with a lock spin count of 0 (cnats's
 /// default spins 2,000 times on a contended mutex before it sleeps, which on a small machine

@@ -220,29 +220,6 @@ TEST_CASE("the asynchronous forms: submit, claim and complete, and a change made
         })) == errc::bad_request);
 }
 
-TEST_CASE("async_complete of a lease held through another job queue does not block its caller",
-          "[jobs]") {
-  jobs_env env;
-  auto id = env.submit("5");
-  auto l = must(env.q->claim(env.one_offer(), env.w1));
-  // `other` never wrote this task's record: it must read it before it writes, which is a
-  // blocking round trip, done on its executor rather than on the calling thread.
-  auto other = env.open_queue();
-  const auto caller = std::this_thread::get_id();
-  std::thread::id ran_on;
-  std::promise<task_state> p;
-  auto f = p.get_future();
-  other->async_complete(l.task, env.w1, R"({"by":"other"})", l.attempt,
-                        [&](result<completion_result> r) {
-                          ran_on = std::this_thread::get_id();
-                          p.set_value(r ? r->task.state : task_state::queued);
-                        });
-  CHECK(f.get() == task_state::completed);
-  // The manual-clock fixtures run the executor inline (config_for): there it is the caller.
-  if (env.fx().real_time()) CHECK(ran_on != caller);
-  CHECK(env.record(id).result == R"({"by":"other"})");
-}
-
 TEST_CASE("two claims of one task never both succeed", "[jobs]") {
   jobs_env env;
   auto id = env.submit();
