@@ -840,6 +840,38 @@ TEST_CASE("a lease timer does not take over a newer attempt of the same holder",
   CHECK(rec.attempt == 2);
 }
 
+TEST_CASE("a lease_lost answer forgets the lease when the task moved on, not for the fence",
+          "[jobs]") {
+  jobs_env env;
+  auto other = env.open_queue();  // another gateway
+  // The fence (another attempt than the live one) says nothing about the live lease.
+  auto fenced = env.submit("1");
+  auto l = must(env.q->claim(env.one_offer(), env.w1));
+  CHECK(code_of(env.q->complete(fenced, env.w1, "1", l.attempt + 1)) == errc::lease_lost);
+  CHECK(code_of(env.q->heartbeat(fenced, env.w1, l.attempt + 1)) == errc::lease_lost);
+  CHECK(env.q->leases_of(env.w1) == std::vector<task_id>{fenced});
+  must(env.q->complete(fenced, env.w1, "1"));
+  CHECK(env.q->leases_of(env.w1).empty());
+  // Cancelled elsewhere: complete, fail and heartbeat each answer lease_lost and the lease
+  // is no longer w1's load here.
+  auto cancel_under_w1 = [&](const std::string& body) {
+    auto id = env.submit(body);
+    must(env.q->claim(env.one_offer(), env.w1));
+    must(other->cancel(id, viewer{.who = env.alice}));
+    CHECK(env.q->leases_of(env.w1) == std::vector<task_id>{id});
+    return id;
+  };
+  auto a = cancel_under_w1("2");
+  CHECK(code_of(env.q->complete(a, env.w1, "1")) == errc::lease_lost);
+  CHECK(env.q->leases_of(env.w1).empty());
+  auto b = cancel_under_w1("3");
+  CHECK(code_of(env.q->fail(b, env.w1, {"x", "y"}, false, {})) == errc::lease_lost);
+  CHECK(env.q->leases_of(env.w1).empty());
+  auto c = cancel_under_w1("4");
+  CHECK(code_of(env.q->heartbeat(c, env.w1)) == errc::lease_lost);
+  CHECK(env.q->leases_of(env.w1).empty());
+}
+
 TEST_CASE("a lease timer that cannot read the task looks again until it can", "[jobs]") {
   jobs_env env;
   auto id = env.submit();
