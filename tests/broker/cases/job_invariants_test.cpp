@@ -142,8 +142,14 @@ void run_invariants(std::size_t tasks, int threads) {
   }
 
   std::atomic<bool> finished{false};
+  // One generator per worker for the whole run: a worker made again for each step of the
+  // manual clock must not start its decisions over. (Started over, a worker whose first
+  // decision is to ignore or decline left the last task unclaimed for ever whenever its
+  // thread always fetched first, as it tends to on a loaded machine.)
+  std::vector<std::mt19937_64> rngs;
+  for (int i = 0; i < threads; ++i) rngs.emplace_back(seed + 1 + static_cast<std::uint64_t>(i));
   auto worker = [&](int index, std::size_t rounds) {
-    std::mt19937_64 rng(seed + 1 + static_cast<std::uint64_t>(index));
+    auto& rng = rngs[static_cast<std::size_t>(index)];
     auto me = pname("w" + std::to_string(index));
     auto rival = pname("r" + std::to_string(index));
     std::vector<offer> claimed_by_me;
