@@ -3,9 +3,19 @@
 /// \file
 /// `amp::result<T>`: a value or an `amp::error`, with `std::expected`'s member names so
 /// that it can become an alias of `std::expected<T, amp::error>` on C++23.
+///
+/// The monadic members are C++23's too: `and_then(f)` calls `f` with the value and returns
+/// its `result` (the error passes through untouched), `transform(f)` wraps what `f` returns
+/// in a `result`, `or_else(f)` calls `f` with the error and returns its `result` (a value
+/// passes through), `transform_error(f)` replaces the error with what `f` returns. For
+/// `result<void>`, `f` of `and_then` and `transform` takes no argument. None of them
+/// throws unless `f` does; `f` runs on the calling thread, at most once.
 
 #include <cassert>
+#include <functional>
+#include <optional>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
@@ -38,6 +48,19 @@ class bad_result_access : public std::runtime_error {
  private:
   amp::error error_;
 };
+
+template <class T>
+class result;
+
+namespace detail {
+template <class R>
+struct is_result : std::false_type {};
+template <class T>
+struct is_result<result<T>> : std::true_type {};
+// What `and_then` and `or_else` require of their function's return type.
+template <class F, class... Args>
+using result_of_call = std::remove_cvref_t<std::invoke_result_t<F, Args...>>;
+}  // namespace detail
 
 /// A value of type `T` or an `amp::error`. The compiler warns when one is ignored.
 template <class T>
@@ -103,6 +126,72 @@ class [[nodiscard]] result {
   T value_or(U&& fallback) const& {
     return has_value() ? **this : static_cast<T>(std::forward<U>(fallback));
   }
+  template <class U>
+  T value_or(U&& fallback) && {
+    return has_value() ? std::move(**this) : static_cast<T>(std::forward<U>(fallback));
+  }
+
+  template <class F>
+  auto and_then(F&& f) const& {
+    using R = detail::result_of_call<F, const T&>;
+    static_assert(detail::is_result<R>::value, "and_then's function must return a result");
+    return has_value() ? std::invoke(std::forward<F>(f), **this) : R(error());
+  }
+  template <class F>
+  auto and_then(F&& f) && {
+    using R = detail::result_of_call<F, T&&>;
+    static_assert(detail::is_result<R>::value, "and_then's function must return a result");
+    return has_value() ? std::invoke(std::forward<F>(f), std::move(**this))
+                       : R(std::move(*this).error());
+  }
+
+  template <class F>
+  auto transform(F&& f) const& {
+    using U = std::remove_cvref_t<std::invoke_result_t<F, const T&>>;
+    if (!has_value()) return result<U>(error());
+    if constexpr (std::is_void_v<U>) {
+      std::invoke(std::forward<F>(f), **this);
+      return result<U>();
+    } else {
+      return result<U>(std::invoke(std::forward<F>(f), **this));
+    }
+  }
+  template <class F>
+  auto transform(F&& f) && {
+    using U = std::remove_cvref_t<std::invoke_result_t<F, T&&>>;
+    if (!has_value()) return result<U>(std::move(*this).error());
+    if constexpr (std::is_void_v<U>) {
+      std::invoke(std::forward<F>(f), std::move(**this));
+      return result<U>();
+    } else {
+      return result<U>(std::invoke(std::forward<F>(f), std::move(**this)));
+    }
+  }
+
+  template <class F>
+  result or_else(F&& f) const& {
+    static_assert(std::is_same_v<detail::result_of_call<F, const error_type&>, result>,
+                  "or_else's function must return the same result type");
+    return has_value() ? *this : std::invoke(std::forward<F>(f), error());
+  }
+  template <class F>
+  result or_else(F&& f) && {
+    static_assert(std::is_same_v<detail::result_of_call<F, error_type&&>, result>,
+                  "or_else's function must return the same result type");
+    return has_value() ? std::move(*this)
+                       : std::invoke(std::forward<F>(f), std::move(*this).error());
+  }
+
+  template <class F>
+  result transform_error(F&& f) const& {
+    return has_value() ? *this : result(error_type(std::invoke(std::forward<F>(f), error())));
+  }
+  template <class F>
+  result transform_error(F&& f) && {
+    return has_value()
+               ? std::move(*this)
+               : result(error_type(std::invoke(std::forward<F>(f), std::move(*this).error())));
+  }
 
  private:
   void check() const {
@@ -134,6 +223,43 @@ class [[nodiscard]] result<void> {
   error_type&& error() && noexcept {
     assert(!has_value());
     return std::move(*error_);
+  }
+
+  template <class F>
+  auto and_then(F&& f) const& {
+    using R = detail::result_of_call<F>;
+    static_assert(detail::is_result<R>::value, "and_then's function must return a result");
+    return has_value() ? std::invoke(std::forward<F>(f)) : R(error());
+  }
+  template <class F>
+  auto and_then(F&& f) && {
+    using R = detail::result_of_call<F>;
+    static_assert(detail::is_result<R>::value, "and_then's function must return a result");
+    return has_value() ? std::invoke(std::forward<F>(f)) : R(std::move(*this).error());
+  }
+
+  template <class F>
+  auto transform(F&& f) const& {
+    using U = std::remove_cvref_t<std::invoke_result_t<F>>;
+    if (!has_value()) return result<U>(error());
+    if constexpr (std::is_void_v<U>) {
+      std::invoke(std::forward<F>(f));
+      return result<U>();
+    } else {
+      return result<U>(std::invoke(std::forward<F>(f)));
+    }
+  }
+
+  template <class F>
+  result or_else(F&& f) const& {
+    static_assert(std::is_same_v<detail::result_of_call<F, const error_type&>, result>,
+                  "or_else's function must return result<void>");
+    return has_value() ? *this : std::invoke(std::forward<F>(f), error());
+  }
+
+  template <class F>
+  result transform_error(F&& f) const& {
+    return has_value() ? *this : result(error_type(std::invoke(std::forward<F>(f), error())));
   }
 
  private:

@@ -123,9 +123,7 @@ result<time_point> time_member(simdjson::dom::object o, std::string_view key) {
   if (e.get(s) != simdjson::SUCCESS) {
     return unexpected(errc::internal, fmt::format("task record: {} is not a string", key));
   }
-  auto t = parse_timestamp(s);
-  if (!t) return t.error();
-  return *t;
+  return parse_timestamp(s);
 }
 
 std::string string_member(simdjson::dom::object o, std::string_view key) {
@@ -474,10 +472,10 @@ task_id task_store::new_id() const {
 namespace {
 
 result<task_record> record_of(const kv_entry& e) {
-  auto r = parse_task_record(e.value);
-  if (!r) return r.error();
-  r->revision = e.revision;
-  return r;
+  return parse_task_record(e.value).transform([&](task_record r) {
+    r.revision = e.revision;
+    return r;
+  });
 }
 
 result<task_record> key_of(const task_record& r, std::string& key) {
@@ -497,14 +495,15 @@ namespace {
 // with `on_conflict`).
 result<task_record> written_as(task_record r, result<std::uint64_t> rev,
                                std::string_view on_conflict) {
-  if (!rev) {
-    if (rev.error().code() == errc::conflict) {
-      return unexpected(errc::conflict, fmt::format("task {} {}", r.task, on_conflict));
-    }
-    return rev.error();
-  }
-  r.revision = *rev;
-  return r;
+  return rev
+      .transform_error([&](const error& e) {
+        if (e.code() != errc::conflict) return e;
+        return error(errc::conflict, fmt::format("task {} {}", r.task, on_conflict));
+      })
+      .transform([&](std::uint64_t at) {
+        r.revision = at;
+        return std::move(r);
+      });
 }
 
 }  // namespace
