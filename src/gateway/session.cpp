@@ -22,6 +22,7 @@
 #include "amp/detail/embedded_schemas.hpp"
 #include "amp/json.hpp"
 #include "amp/timestamp.hpp"
+#include "detail/lanes.hpp"
 #include "detail/simdjson_adapter.hpp"
 #include "gateway/gateway_state.hpp"
 
@@ -219,23 +220,12 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   std::shared_ptr<session_carrier> carrier;
   std::string id;
 
-  // Frames waiting for the executor; drained one session at a time.
-  // A frame waiting to run, with its lane: frames of one lane run one at a time in the
-  // order they came; a frame without a lane (`barrier`) runs alone; frames of different
-  // lanes run at once (up to k_max_running of a session).
-  struct inbound_frame {
-    std::string text;
-    bool barrier = true;
-    std::string lane;  // empty with barrier false: no order to keep
-  };
-
-  std::mutex in_mu;
-  std::deque<inbound_frame> inbound;
-  std::size_t inbound_bytes = 0;
-  int running = 0;               // frames handed to the executor and not finished
-  int on_threads = 0;            // of those, frames not yet returned from the executor
-  bool barrier_running = false;  // one of them is a barrier
-  std::set<std::string, std::less<>> busy_lanes;
+  // Frames waiting for the executor and running on it, by lane (see `classify`): frames of
+  // one lane run one at a time in the order they came; a frame without a lane (`barrier`)
+  // runs alone; frames of different lanes run at once (up to k_max_running of a session).
+  using frame_lanes = detail::lanes<std::string>;
+  using inbound_frame = frame_lanes::entry;
+  std::unique_ptr<frame_lanes> frames;  // set by new_session
 
   std::atomic<bool> ended{false};    // closed() ran, or a close was asked of the carrier
   std::atomic<bool> cleaned{false};  // closed() ran
@@ -284,6 +274,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     if (close_requested) return;
     close_requested = true;
     ended = true;
+    frames->close();
     carrier->close(code, std::move(reason));
   }
 
@@ -350,7 +341,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     thread_local dom::parser parser;
     detail::parser_release release(parser);
     dom::element frame;
-    if (parser.parse(f.text.data(), f.text.size()).get(frame) || !frame.is_object()) return;
+    if (parser.parse(f.item.data(), f.item.size()).get(frame) || !frame.is_object()) return;
     auto op = string_at(frame, "op");
     if (!op) return;
     auto lane_of = [&](std::string_view prefix, std::string_view member) {
@@ -374,98 +365,34 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   void receive(std::string_view text) {
     if (ended) return;
-    inbound_frame f;
-    f.text = std::string(text);
+    inbound_frame f{.item = std::string(text), .barrier = true, .lane = {}, .bytes = text.size()};
     classify(f);
     std::vector<inbound_frame> start;
-    {
-      std::lock_guard lock(in_mu);
-      if (inbound.size() >= k_max_inbound_frames ||
-          inbound_bytes + text.size() > max_inbound_bytes()) {
-        request_close(close_code::policy_violation, "too many frames waiting to be processed");
-        gw->log("warn", "inbound_overflow", fmt::format("\"session\":{}", json_quote(id)));
-        return;
-      }
-      inbound_bytes += text.size();
-      inbound.push_back(std::move(f));
-      start = startable();
+    if (!frames->push(std::move(f), start)) {
+      if (ended) return;  // closed meanwhile: nothing more runs
+      request_close(close_code::policy_violation, "too many frames waiting to be processed");
+      gw->log("warn", "inbound_overflow", fmt::format("\"session\":{}", json_quote(id)));
+      return;
     }
     run(std::move(start));
   }
 
-  std::size_t max_inbound_bytes() const {
-    return std::max<std::size_t>(k_min_inbound_bytes, 4 * gw->opts.config.limits.max_frame_bytes);
-  }
-
-  // The frames at the head of the queue that may start now (under in_mu). A frame never
-  // overtakes an earlier one: the first that must wait stops the scan.
-  std::vector<inbound_frame> startable() {
-    std::vector<inbound_frame> out;
-    while (!inbound.empty() && !ended) {
-      auto& f = inbound.front();
-      if (f.barrier) {
-        if (running > 0) break;
-        barrier_running = true;
-      } else {
-        if (barrier_running || running >= k_max_running) break;
-        // A frame may hold its executor thread while it waits for the backend: one session
-        // takes no more than its share of the threads, whatever it sends.
-        if (on_threads >= gw->session_threads) break;
-        if (!f.lane.empty() && !busy_lanes.insert(f.lane).second) break;
-      }
-      ++running;
-      ++on_threads;
-      inbound_bytes -= f.text.size();
-      out.push_back(std::move(f));
-      inbound.pop_front();
-      if (out.back().barrier) break;
-    }
-    if (ended) {
-      inbound.clear();
-      inbound_bytes = 0;
-    }
-    return out;
-  }
-
-  void run(std::vector<inbound_frame> frames) {
-    for (auto& f : frames) {
+  void run(std::vector<inbound_frame> start) {
+    for (auto& f : start) {
       gw->post([self = shared_from_this(), f = std::move(f)]() mutable {
-        auto text = std::move(f.text);
         // The frame is finished when its answer is: at the end of `process`, or later, when
         // an asynchronous operation lets go of its copy of `hold`.
         // Counted in `in_flight` like executor work, so that shutdown waits for the answer.
         self->gw->in_flight.fetch_add(1);
-        std::shared_ptr<void> hold(nullptr, [self, f = std::move(f)](void*) {
-          self->finished(f);
-          self->gw->in_flight.fetch_sub(1);
-        });
-        self->process(text, std::move(hold));
-        self->left_thread();
+        std::shared_ptr<void> hold(nullptr,
+                                   [self, barrier = f.barrier, lane = std::move(f.lane)](void*) {
+                                     self->run(self->frames->finished(barrier, lane));
+                                     self->gw->in_flight.fetch_sub(1);
+                                   });
+        self->process(f.item, std::move(hold));
+        self->run(self->frames->left_thread());
       });
     }
-  }
-
-  // A frame's work on the executor returned (its answer may still be on its way).
-  void left_thread() {
-    std::vector<inbound_frame> start;
-    {
-      std::lock_guard lock(in_mu);
-      --on_threads;
-      start = startable();
-    }
-    run(std::move(start));
-  }
-
-  void finished(const inbound_frame& f) {
-    std::vector<inbound_frame> start;
-    {
-      std::lock_guard lock(in_mu);
-      --running;
-      if (f.barrier) barrier_running = false;
-      if (!f.lane.empty()) busy_lanes.erase(f.lane);
-      start = startable();
-    }
-    run(std::move(start));
   }
 
   void process(std::string_view text, std::shared_ptr<void> hold) {
@@ -1595,6 +1522,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
       close_requested = true;
     }
     ended = true;
+    frames->close();
     std::unique_ptr<inbox_reader> r;
     std::map<std::string, std::shared_ptr<sub_state>, std::less<>> s;
     std::shared_ptr<detail::ns_state> st;
@@ -1647,6 +1575,12 @@ std::shared_ptr<session::impl> new_session(std::shared_ptr<gateway::impl> gw,
                                            std::shared_ptr<session_carrier> carrier,
                                            std::string id) {
   auto s = std::make_shared<session::impl>();
+  s->frames = std::make_unique<session::impl::frame_lanes>(detail::lane_limits{
+      .max_waiting = k_max_inbound_frames,
+      .max_waiting_bytes =
+          std::max<std::size_t>(k_min_inbound_bytes, 4 * gw->opts.config.limits.max_frame_bytes),
+      .max_running = k_max_running,
+      .max_on_threads = gw->session_threads});
   s->gw = std::move(gw);
   s->carrier = std::move(carrier);
   s->id = std::move(id);
