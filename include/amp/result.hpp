@@ -57,9 +57,20 @@ template <class R>
 struct is_result : std::false_type {};
 template <class T>
 struct is_result<result<T>> : std::true_type {};
-// What `and_then` and `or_else` require of their function's return type.
+// The type a function returns, without reference or const.
 template <class F, class... Args>
 using result_of_call = std::remove_cvref_t<std::invoke_result_t<F, Args...>>;
+// `f(args...)` as a result: what `transform` returns on a value.
+template <class F, class... Args>
+auto call_into_result(F&& f, Args&&... args) {
+  using U = result_of_call<F, Args...>;
+  if constexpr (std::is_void_v<U>) {
+    std::invoke(std::forward<F>(f), std::forward<Args>(args)...);
+    return result<U>();
+  } else {
+    return result<U>(std::invoke(std::forward<F>(f), std::forward<Args>(args)...));
+  }
+}
 }  // namespace detail
 
 /// A value of type `T` or an `amp::error`. The compiler warns when one is ignored.
@@ -147,25 +158,15 @@ class [[nodiscard]] result {
 
   template <class F>
   auto transform(F&& f) const& {
-    using U = std::remove_cvref_t<std::invoke_result_t<F, const T&>>;
-    if (!has_value()) return result<U>(error());
-    if constexpr (std::is_void_v<U>) {
-      std::invoke(std::forward<F>(f), **this);
-      return result<U>();
-    } else {
-      return result<U>(std::invoke(std::forward<F>(f), **this));
-    }
+    using R = result<detail::result_of_call<F, const T&>>;
+    if (!has_value()) return R(error());
+    return detail::call_into_result(std::forward<F>(f), **this);
   }
   template <class F>
   auto transform(F&& f) && {
-    using U = std::remove_cvref_t<std::invoke_result_t<F, T&&>>;
-    if (!has_value()) return result<U>(std::move(*this).error());
-    if constexpr (std::is_void_v<U>) {
-      std::invoke(std::forward<F>(f), std::move(**this));
-      return result<U>();
-    } else {
-      return result<U>(std::invoke(std::forward<F>(f), std::move(**this)));
-    }
+    using R = result<detail::result_of_call<F, T&&>>;
+    if (!has_value()) return R(std::move(*this).error());
+    return detail::call_into_result(std::forward<F>(f), std::move(**this));
   }
 
   template <class F>
@@ -240,14 +241,9 @@ class [[nodiscard]] result<void> {
 
   template <class F>
   auto transform(F&& f) const& {
-    using U = std::remove_cvref_t<std::invoke_result_t<F>>;
-    if (!has_value()) return result<U>(error());
-    if constexpr (std::is_void_v<U>) {
-      std::invoke(std::forward<F>(f));
-      return result<U>();
-    } else {
-      return result<U>(std::invoke(std::forward<F>(f)));
-    }
+    using R = result<detail::result_of_call<F>>;
+    if (!has_value()) return R(error());
+    return detail::call_into_result(std::forward<F>(f));
   }
 
   template <class F>

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -49,18 +50,19 @@ class lanes {
 
   explicit lanes(lane_limits limits) : limits_(limits) {}
 
-  // Queues `e` and returns what may start (`e` perhaps among it); false, with `e` not
+  // Queues `e` and returns what may start (`e` perhaps among it); nothing, with `e` not
   // queued, when the queue is full or closed.
-  bool push(entry e, std::vector<entry>& start) {
+  std::optional<std::vector<entry>> push(entry e) {
+    std::vector<entry> start;
     std::lock_guard lock(mu_);
     if (closed_ || waiting_.size() >= limits_.max_waiting ||
         waiting_bytes_ + e.bytes > limits_.max_waiting_bytes) {
-      return false;
+      return std::nullopt;
     }
     waiting_bytes_ += e.bytes;
     waiting_.push_back(std::move(e));
     startable(start);
-    return true;
+    return start;
   }
 
   // A started item returned from its executor thread.

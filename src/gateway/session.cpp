@@ -367,14 +367,14 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     if (ended) return;
     inbound_frame f{.item = std::string(text), .barrier = true, .lane = {}, .bytes = text.size()};
     classify(f);
-    std::vector<inbound_frame> start;
-    if (!frames->push(std::move(f), start)) {
+    auto start = frames->push(std::move(f));
+    if (!start) {
       if (ended) return;  // closed meanwhile: nothing more runs
       request_close(close_code::policy_violation, "too many frames waiting to be processed");
       gw->log("warn", "inbound_overflow", fmt::format("\"session\":{}", json_quote(id)));
       return;
     }
-    run(std::move(start));
+    run(std::move(*start));
   }
 
   void run(std::vector<inbound_frame> start) {

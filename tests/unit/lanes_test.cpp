@@ -34,9 +34,9 @@ std::vector<int> ids(const std::vector<entry>& es) {
 
 // Pushes and returns the ids that started.
 std::vector<int> push(lanes& l, entry e) {
-  std::vector<entry> start;
-  REQUIRE(l.push(std::move(e), start));
-  return ids(start);
+  auto start = l.push(std::move(e));
+  REQUIRE(start);
+  return ids(*start);
 }
 
 }  // namespace
@@ -106,14 +106,12 @@ TEST_CASE("lanes: beyond max_waiting frames or bytes a frame is refused, and not
   CHECK(push(l, in_lane(1, "a", 10)) == std::vector{1});
   CHECK(push(l, in_lane(2, "a", 10)).empty());
   CHECK(push(l, in_lane(3, "a", 10)).empty());
-  std::vector<entry> start;
-  CHECK_FALSE(l.push(in_lane(4, "b", 1), start));  // two waiting
-  CHECK(start.empty());
+  CHECK_FALSE(l.push(in_lane(4, "b", 1)).has_value());  // two waiting: refused, none starts
   CHECK(l.waiting() == 2);
   (void)l.left_thread();
   CHECK(ids(l.finished(false, "a")) == std::vector{2});
-  CHECK_FALSE(l.push(in_lane(5, "a", 91), start));  // 10 + 91 bytes
-  CHECK(push(l, in_lane(6, "a", 90)).empty());      // exactly 100
+  CHECK_FALSE(l.push(in_lane(5, "a", 91)).has_value());  // 10 + 91 bytes
+  CHECK(push(l, in_lane(6, "a", 90)).empty());           // exactly 100
   CHECK(l.waiting() == 2);
 }
 
@@ -123,8 +121,7 @@ TEST_CASE("lanes: close drops what waits and refuses more, started frames still 
   CHECK(push(l, in_lane(2, "a")).empty());
   l.close();
   CHECK(l.waiting() == 0);
-  std::vector<entry> start;
-  CHECK_FALSE(l.push(free_item(3), start));
+  CHECK_FALSE(l.push(free_item(3)).has_value());
   (void)l.left_thread();
   CHECK(l.finished(false, "a").empty());
   CHECK(l.running() == 0);
@@ -175,9 +172,9 @@ TEST_CASE("lanes: random interleavings keep order, lanes and barriers", "[lanes]
           default: e = in_lane(next_id, "l" + std::to_string(rng() % 3)); break;
         }
         ++next_id;
-        std::vector<entry> start;
-        REQUIRE(l.push(std::move(e), start));
-        accept(std::move(start));
+        auto start = l.push(std::move(e));
+        REQUIRE(start);
+        accept(std::move(*start));
       } else if (roll == 1) {
         std::vector<std::size_t> on;
         for (std::size_t i = 0; i < live.size(); ++i)
