@@ -946,6 +946,10 @@ class jetstream_backend final : public transport,
     return {};
   }
 
+  void handler_threw(std::string_view where) noexcept override {
+    detail::report_current_exception(*sink_, where);
+  }
+
   capabilities caps() const override {
     return {.backend = "jetstream", .persistent = true, .per_key_ttl = per_key_ttl_};
   }
@@ -970,8 +974,7 @@ class jetstream_backend final : public transport,
 
   // ----- streams ----------------------------------------------------------------------
 
-  result<stream_info> ensure_stream(const stream_config& config) override {
-    if (auto r = detail::validate(config); !r) return r.error();
+  result<stream_info> do_ensure_stream(const stream_config& config) override {
     auto existing = stream_info_of(config.name);
     if (existing) return compare(*existing, config);
     if (existing.error().code() != errc::not_found) return existing.error();
@@ -983,8 +986,7 @@ class jetstream_backend final : public transport,
     return made;
   }
 
-  result<stream_info> update_stream(const stream_config& config) override {
-    if (auto r = detail::validate(config); !r) return r.error();
+  result<stream_info> do_update_stream(const stream_config& config) override {
     auto existing = stream_info_of(config.name);
     if (!existing) return existing.error();
     if (auto fixed = detail::fixed_setting_change(existing->config, config); !fixed.empty()) {
@@ -1027,8 +1029,7 @@ class jetstream_backend final : public transport,
     return now;
   }
 
-  result<stream_info> stream_info_of(std::string_view stream) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+  result<stream_info> do_stream_info_of(std::string_view stream) override {
     std::string name(stream);
     jsStreamInfo* si = nullptr;
     auto r = with_retry("stream " + name, [&](jsErrCode& ec) {
@@ -1046,32 +1047,27 @@ class jetstream_backend final : public transport,
     return out;
   }
 
-  result<void> delete_stream(std::string_view stream) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+  result<void> do_delete_stream(std::string_view stream) override {
     std::string name(stream);
     return with_retry("delete stream " + name, [&](jsErrCode& ec) {
       return js_DeleteStream(conn_->js(), name.c_str(), nullptr, &ec);
     });
   }
 
-  result<message> get_message(std::string_view stream, std::uint64_t seq) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+  result<message> do_get_message(std::string_view stream, std::uint64_t seq) override {
     return get_stored(stream, fmt::format(R"({{"seq":{}}})", seq),
                       fmt::format("message {} of stream \"{}\"", seq, stream));
   }
 
-  result<message> get_last_message(std::string_view stream,
-                                   std::string_view subject_filter) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
-    if (auto r = subjects::check_filter(subject_filter); !r) return r.error();
+  result<message> do_get_last_message(std::string_view stream,
+                                      std::string_view subject_filter) override {
     return get_stored(
         stream, fmt::format(R"({{"last_by_subj":{}}})", json_quote(subject_filter)),
         fmt::format("last message on \"{}\" in stream \"{}\"", subject_filter, stream));
   }
 
-  void async_publish(outgoing_message msg, completion<publish_ack> done) override {
+  void do_async_publish(outgoing_message msg, completion<publish_ack> done) override {
     done = detail::guarded(std::move(done), sink_, "publish");
-    if (auto r = subjects::check_subject(msg.subject); !r) return done(r.error());
     if (!msg.msg_id.empty()) msg.headers.emplace_back("Nats-Msg-Id", msg.msg_id);
     std::string subject = msg.subject;
     publish_to(std::move(subject), std::move(msg.data), std::move(msg.headers),
@@ -1080,8 +1076,7 @@ class jetstream_backend final : public transport,
 
   // ----- consumers --------------------------------------------------------------------
 
-  result<consumer_info> ensure_consumer(const consumer_config& config) override {
-    if (auto r = detail::validate(config); !r) return r.error();
+  result<consumer_info> do_ensure_consumer(const consumer_config& config) override {
     auto existing = consumer_info_of(config.stream, config.durable);
     if (existing) {
       if (auto diff = differing_setting(existing->config, config); !diff.empty()) {
@@ -1096,8 +1091,7 @@ class jetstream_backend final : public transport,
     return write_consumer(config, false);
   }
 
-  result<consumer_info> update_consumer(const consumer_config& config) override {
-    if (auto r = detail::validate(config); !r) return r.error();
+  result<consumer_info> do_update_consumer(const consumer_config& config) override {
     auto existing = consumer_info_of(config.stream, config.durable);
     if (!existing) return existing.error();
     auto a = normalized(existing->config);
@@ -1111,10 +1105,8 @@ class jetstream_backend final : public transport,
     return write_consumer(config, true);
   }
 
-  result<consumer_info> consumer_info_of(std::string_view stream,
-                                         std::string_view durable) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
-    if (auto r = subjects::check_consumer_name(durable); !r) return r.error();
+  result<consumer_info> do_consumer_info_of(std::string_view stream,
+                                            std::string_view durable) override {
     std::string s(stream), d(durable);
     jsConsumerInfo* ci = nullptr;
     auto r = with_retry(fmt::format("consumer \"{}\" of stream \"{}\"", d, s), [&](jsErrCode& ec) {
@@ -1126,9 +1118,7 @@ class jetstream_backend final : public transport,
     return out;
   }
 
-  result<void> delete_consumer(std::string_view stream, std::string_view durable) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
-    if (auto r = subjects::check_consumer_name(durable); !r) return r.error();
+  result<void> do_delete_consumer(std::string_view stream, std::string_view durable) override {
     std::string s(stream), d(durable);
     remember_consumer(s, d, false);
     return with_retry(fmt::format("delete consumer \"{}\"", d), [&](jsErrCode& ec) {
@@ -1136,12 +1126,9 @@ class jetstream_backend final : public transport,
     });
   }
 
-  void async_fetch(std::string_view stream, std::string_view durable, fetch_request request,
-                   completion<std::vector<message>> done) override {
+  void do_async_fetch(std::string_view stream, std::string_view durable, fetch_request request,
+                      completion<std::vector<message>> done) override {
     done = detail::guarded(std::move(done), sink_, "fetch");
-    if (auto r = subjects::check_stream_name(stream); !r) return done(r.error());
-    if (auto r = subjects::check_consumer_name(durable); !r) return done(r.error());
-    if (request.batch == 0) return done(error(errc::bad_request, "fetch batch must be at least 1"));
     auto f = std::make_shared<fetch_state>();
     f->stream = std::string(stream);
     f->durable = std::string(durable);
@@ -1153,8 +1140,8 @@ class jetstream_backend final : public transport,
     if (enter_line(f)) start_fetch(f);
   }
 
-  void async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
-                         completion<void> done) override {
+  void do_async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
+                            completion<void> done) override {
     done = detail::guarded(std::move(done), sink_, "acknowledge");
     if (msg.ack_token.substr(0, k_ack_prefix.size()) != k_ack_prefix ||
         subjects::check_subject(msg.ack_token).has_value() == false) {
@@ -1191,13 +1178,8 @@ class jetstream_backend final : public transport,
         std::move(gone));
   }
 
-  result<std::unique_ptr<subscription>> subscribe_ordered(
+  result<std::unique_ptr<subscription>> do_subscribe_ordered(
       const replay_request& request, std::function<void(const message&)> on_message) override {
-    if (auto r = subjects::check_stream_name(request.stream); !r) return r.error();
-    if (!request.filter_subject.empty()) {
-      if (auto r = subjects::check_filter(request.filter_subject); !r) return r.error();
-    }
-    if (!on_message) return unexpected(errc::bad_request, "subscribe_ordered needs a callback");
     auto info = stream_info_of(request.stream);
     if (!info) return info.error();
     std::string filter = request.filter_subject;
@@ -1251,8 +1233,7 @@ class jetstream_backend final : public transport,
 
   // ----- KV ---------------------------------------------------------------------------
 
-  result<void> ensure_bucket(const kv_config& config) override {
-    if (auto r = detail::validate(config); !r) return r.error();
+  result<void> do_ensure_bucket(const kv_config& config) override {
     auto r = create_bucket(config);
     if (r) note_bucket(config.bucket);
     return r;
@@ -1358,8 +1339,7 @@ class jetstream_backend final : public transport,
     buckets_.erase(bucket);
   }
 
-  result<void> delete_bucket(std::string_view bucket) override {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+  result<void> do_delete_bucket(std::string_view bucket) override {
     forget_bucket(std::string(bucket));
     auto r = delete_stream(kv_stream(bucket));
     if (!r && r.error().code() == errc::not_found) {
@@ -1368,11 +1348,9 @@ class jetstream_backend final : public transport,
     return r;
   }
 
-  void async_kv_get(std::string_view bucket, std::string_view key,
-                    completion<kv_entry> done) override {
+  void do_async_kv_get(std::string_view bucket, std::string_view key,
+                       completion<kv_entry> done) override {
     done = detail::guarded(std::move(done), sink_, "kv_get");
-    if (auto r = subjects::check_bucket_name(bucket); !r) return done(r.error());
-    if (auto r = subjects::check_kv_key(key); !r) return done(r.error());
     last_entry(
         std::string(bucket), std::string(key),
         [done = std::move(done), key = std::string(key)](result<kv_entry> r) {
@@ -1383,10 +1361,9 @@ class jetstream_backend final : public transport,
         });
   }
 
-  void async_kv_create(std::string_view bucket, std::string_view key, std::string value,
-                       std::optional<duration> ttl, completion<std::uint64_t> done) override {
+  void do_async_kv_create(std::string_view bucket, std::string_view key, std::string value,
+                          std::optional<duration> ttl, completion<std::uint64_t> done) override {
     done = detail::guarded(std::move(done), sink_, "kv_create");
-    if (auto r = check_kv(bucket, key, ttl); !r) return done(r.error());
     // Create is an update on "no revision"; where the key's last revision is a delete or
     // purge marker, it is an update on that marker.
     auto self = shared_from_this();
@@ -1414,36 +1391,30 @@ class jetstream_backend final : public transport,
              });
   }
 
-  void async_kv_update(std::string_view bucket, std::string_view key, std::string value,
-                       std::uint64_t expected_revision, std::optional<duration> ttl,
-                       completion<std::uint64_t> done) override {
+  void do_async_kv_update(std::string_view bucket, std::string_view key, std::string value,
+                          std::uint64_t expected_revision, std::optional<duration> ttl,
+                          completion<std::uint64_t> done) override {
     done = detail::guarded(std::move(done), sink_, "kv_update");
-    if (auto r = check_kv(bucket, key, ttl); !r) return done(r.error());
-    if (expected_revision == 0) {
-      return done(error(errc::bad_request, "update needs an expected revision of at least 1"));
-    }
     kv_write(std::string(bucket), std::string(key), std::move(value),
              std::to_string(expected_revision), ttl, std::move(done));
   }
 
-  void async_kv_put(std::string_view bucket, std::string_view key, std::string value,
-                    std::optional<duration> ttl, completion<std::uint64_t> done) override {
+  void do_async_kv_put(std::string_view bucket, std::string_view key, std::string value,
+                       std::optional<duration> ttl, completion<std::uint64_t> done) override {
     done = detail::guarded(std::move(done), sink_, "kv_put");
-    if (auto r = check_kv(bucket, key, ttl); !r) return done(r.error());
     kv_write(std::string(bucket), std::string(key), std::move(value), {}, ttl, std::move(done));
   }
 
-  void async_kv_delete(std::string_view bucket, std::string_view key,
-                       completion<void> done) override {
+  void do_async_kv_delete(std::string_view bucket, std::string_view key,
+                          completion<void> done) override {
     done = detail::guarded(std::move(done), sink_, "kv_delete");
     kv_marker(bucket, key, {{std::string(k_kv_op), "DEL"}}, std::move(done));
   }
 
   // A stream purge filtered on the key's subject: every revision goes, no marker is left.
-  void async_kv_erase(std::string_view bucket, std::string_view key,
-                      completion<void> done) override {
+  void do_async_kv_erase(std::string_view bucket, std::string_view key,
+                         completion<void> done) override {
     done = detail::guarded(std::move(done), sink_, "kv_erase");
-    if (auto r = check_kv(bucket, key, std::nullopt); !r) return done(r.error());
     auto self = shared_from_this();
     std::string b(bucket);
     std::string subject = fmt::format("$JS.API.STREAM.PURGE.{}", kv_stream(b));
@@ -1473,10 +1444,9 @@ class jetstream_backend final : public transport,
   // bucket denies deletes. nats-server 2.9.10 moves every consumer of a stream that takes in
   // a rolled-up subject to the rollup's marker, past what it had not yet sent of other
   // subjects, so a watch would lose other keys' changes.
-  void async_kv_purge(std::string_view bucket, std::string_view key,
-                      completion<void> done) override {
+  void do_async_kv_purge(std::string_view bucket, std::string_view key,
+                         completion<void> done) override {
     done = detail::guarded(std::move(done), sink_, "kv_purge");
-    if (auto r = check_kv(bucket, key, std::nullopt); !r) return done(r.error());
     auto self = shared_from_this();
     std::string b(bucket);
     std::string k(key);
@@ -1495,8 +1465,7 @@ class jetstream_backend final : public transport,
         });
   }
 
-  result<std::vector<std::string>> kv_keys(std::string_view bucket) override {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+  result<std::vector<std::string>> do_kv_keys(std::string_view bucket) override {
     auto kv = open_bucket(bucket);
     if (!kv) return kv.error();
     kvKeysList list{};
@@ -1510,9 +1479,8 @@ class jetstream_backend final : public transport,
     return keys;
   }
 
-  result<std::vector<kv_entry>> kv_history(std::string_view bucket, std::string_view key) override {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
-    if (auto r = subjects::check_kv_key(key); !r) return r.error();
+  result<std::vector<kv_entry>> do_kv_history(std::string_view bucket,
+                                              std::string_view key) override {
     auto kv = open_bucket(bucket);
     if (!kv) return kv.error();
     kvEntryList list{};
@@ -1543,13 +1511,10 @@ class jetstream_backend final : public transport,
     return out;
   }
 
-  result<std::unique_ptr<subscription>> kv_watch(std::string_view bucket,
-                                                 const kv_watch_options& options,
-                                                 kv_watch_handlers handlers) override {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+  result<std::unique_ptr<subscription>> do_kv_watch(std::string_view bucket,
+                                                    const kv_watch_options& options,
+                                                    kv_watch_handlers handlers) override {
     std::string key_filter = options.key_filter.empty() ? ">" : options.key_filter;
-    if (auto r = subjects::check_filter(key_filter); !r) return r.error();
-    if (!handlers.on_entry) return unexpected(errc::bad_request, "kv_watch needs on_entry");
     std::string stream = kv_stream(bucket);
     auto info = stream_info_of(stream);
     if (!info) {
@@ -2205,20 +2170,6 @@ class jetstream_backend final : public transport,
 
   // ----- KV internals -----------------------------------------------------------------
 
-  result<void> check_kv(std::string_view bucket, std::string_view key,
-                        std::optional<duration> ttl) const {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r;
-    if (auto r = subjects::check_kv_key(key); !r) return r;
-    if (ttl && !per_key_ttl_) {
-      return unexpected(errc::bad_request,
-                        "per-key TTL is not supported by this NATS server (needs 2.11)");
-    }
-    if (ttl && *ttl <= duration::zero()) {
-      return unexpected(errc::bad_request, "per-key ttl must be positive");
-    }
-    return {};
-  }
-
   void kv_write(const std::string& bucket, const std::string& key, std::string value,
                 std::string expected, std::optional<duration> ttl, completion<std::uint64_t> done) {
     header_list headers;
@@ -2257,7 +2208,6 @@ class jetstream_backend final : public transport,
 
   void kv_marker(std::string_view bucket, std::string_view key, header_list headers,
                  completion<void> done) {
-    if (auto r = check_kv(bucket, key, std::nullopt); !r) return done(r.error());
     kv_publish(std::string(bucket), std::string(key), {}, std::move(headers),
                [done = std::move(done)](result<std::uint64_t> r) {
                  if (!r) return done(std::move(r).error());

@@ -206,6 +206,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     for (auto id : ttl_timers_) clock_->cancel(id);
   }
 
+  void handler_threw(std::string_view where) noexcept override {
+    detail::report_current_exception(sink_, where);
+  }
+
   capabilities caps() const override {
     return {.backend = "memory", .persistent = false, .per_key_ttl = true};
   }
@@ -216,8 +220,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   // ----- streams ------------------------------------------------------------------
 
-  result<stream_info> ensure_stream(const stream_config& config) override {
-    if (auto r = detail::validate(config); !r) return r.error();
+  result<stream_info> do_ensure_stream(const stream_config& config) override {
     std::lock_guard lock(mu_);
     if (auto it = streams_.find(config.name); it != streams_.end()) {
       if (auto diff = detail::differing_setting(it->second.config, config); !diff.empty()) {
@@ -242,8 +245,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return info(s);
   }
 
-  result<stream_info> update_stream(const stream_config& config) override {
-    if (auto r = detail::validate(config); !r) return r.error();
+  result<stream_info> do_update_stream(const stream_config& config) override {
     std::lock_guard lock(mu_);
     auto* s = find_stream(config.name);
     if (!s) return missing("stream", config.name);
@@ -258,8 +260,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return info(*s);
   }
 
-  result<stream_info> stream_info_of(std::string_view stream) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+  result<stream_info> do_stream_info_of(std::string_view stream) override {
     std::lock_guard lock(mu_);
     auto* s = find_stream(stream);
     if (!s) return missing("stream", stream);
@@ -267,8 +268,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return info(*s);
   }
 
-  result<void> delete_stream(std::string_view stream) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+  result<void> do_delete_stream(std::string_view stream) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     auto it = streams_.find(std::string(stream));
@@ -282,8 +282,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return {};
   }
 
-  result<message> get_message(std::string_view stream, std::uint64_t seq) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
+  result<message> do_get_message(std::string_view stream, std::uint64_t seq) override {
     std::lock_guard lock(mu_);
     auto* s = find_stream(stream);
     if (!s) return missing("stream", stream);
@@ -296,10 +295,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return it->second.msg;
   }
 
-  result<message> get_last_message(std::string_view stream,
-                                   std::string_view subject_filter) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
-    if (auto r = subjects::check_filter(subject_filter); !r) return r.error();
+  result<message> do_get_last_message(std::string_view stream,
+                                      std::string_view subject_filter) override {
     std::lock_guard lock(mu_);
     auto* s = find_stream(stream);
     if (!s) return missing("stream", stream);
@@ -312,7 +309,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return s->msgs.at(seq).msg;
   }
 
-  void async_publish(outgoing_message msg, completion<publish_ack> done) override {
+  void do_async_publish(outgoing_message msg, completion<publish_ack> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), publish_locked(std::move(msg), after));
@@ -320,8 +317,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   // ----- consumers ----------------------------------------------------------------
 
-  result<consumer_info> ensure_consumer(const consumer_config& config) override {
-    if (auto r = detail::validate(config); !r) return r.error();
+  result<consumer_info> do_ensure_consumer(const consumer_config& config) override {
     std::lock_guard lock(mu_);
     auto* s = find_stream(config.stream);
     if (!s) return missing("stream", config.stream);
@@ -345,8 +341,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return info(*s, c);
   }
 
-  result<consumer_info> update_consumer(const consumer_config& config) override {
-    if (auto r = detail::validate(config); !r) return r.error();
+  result<consumer_info> do_update_consumer(const consumer_config& config) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* s = find_stream(config.stream);
@@ -371,10 +366,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return info(*s, it->second);
   }
 
-  result<consumer_info> consumer_info_of(std::string_view stream,
-                                         std::string_view durable) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
-    if (auto r = subjects::check_consumer_name(durable); !r) return r.error();
+  result<consumer_info> do_consumer_info_of(std::string_view stream,
+                                            std::string_view durable) override {
     std::lock_guard lock(mu_);
     auto* s = find_stream(stream);
     if (!s) return missing("stream", stream);
@@ -384,9 +377,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return info(*s, it->second);
   }
 
-  result<void> delete_consumer(std::string_view stream, std::string_view durable) override {
-    if (auto r = subjects::check_stream_name(stream); !r) return r.error();
-    if (auto r = subjects::check_consumer_name(durable); !r) return r.error();
+  result<void> do_delete_consumer(std::string_view stream, std::string_view durable) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* s = find_stream(stream);
@@ -397,16 +388,11 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return {};
   }
 
-  void async_fetch(std::string_view stream, std::string_view durable, fetch_request request,
-                   completion<std::vector<message>> done) override {
+  void do_async_fetch(std::string_view stream, std::string_view durable, fetch_request request,
+                      completion<std::vector<message>> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     auto fail = [&](error e) { after.complete<std::vector<message>>(std::move(done), e); };
-    if (auto r = subjects::check_stream_name(stream); !r) return fail(r.error());
-    if (auto r = subjects::check_consumer_name(durable); !r) return fail(r.error());
-    if (request.batch == 0) {
-      return fail(error(errc::bad_request, "fetch batch must be at least 1"));
-    }
     auto* s = find_stream(stream);
     if (!s) return fail(missing("stream", stream).value());
     auto it = s->consumers.find(durable);
@@ -429,20 +415,15 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     arm_wake(*s, c);
   }
 
-  void async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
-                         completion<void> done) override {
+  void do_async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
+                            completion<void> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), acknowledge_locked(msg, kind, nak_delay, after));
   }
 
-  result<std::unique_ptr<subscription>> subscribe_ordered(
+  result<std::unique_ptr<subscription>> do_subscribe_ordered(
       const replay_request& request, std::function<void(const message&)> on_message) override {
-    if (auto r = subjects::check_stream_name(request.stream); !r) return r.error();
-    if (!request.filter_subject.empty()) {
-      if (auto r = subjects::check_filter(request.filter_subject); !r) return r.error();
-    }
-    if (!on_message) return unexpected(errc::bad_request, "subscribe_ordered needs a callback");
     auto sub = std::make_shared<ordered_sub>();
     sub->filter = detail::filter_or_all(request.filter_subject);
     sub->queue = std::make_shared<serial_queue>(sink_);
@@ -469,8 +450,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   // ----- KV -----------------------------------------------------------------------
 
-  result<void> ensure_bucket(const kv_config& config) override {
-    if (auto r = detail::validate(config); !r) return r.error();
+  result<void> do_ensure_bucket(const kv_config& config) override {
     std::lock_guard lock(mu_);
     if (auto it = buckets_.find(config.bucket); it != buckets_.end()) {
       if (auto diff = differing_setting(it->second.config, config); !diff.empty()) {
@@ -483,8 +463,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return {};
   }
 
-  result<void> delete_bucket(std::string_view bucket) override {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+  result<void> do_delete_bucket(std::string_view bucket) override {
     std::lock_guard lock(mu_);
     auto it = buckets_.find(std::string(bucket));
     if (it == buckets_.end()) return missing("bucket", bucket);
@@ -497,56 +476,56 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return {};
   }
 
-  void async_kv_get(std::string_view bucket, std::string_view key,
-                    completion<kv_entry> done) override {
+  void do_async_kv_get(std::string_view bucket, std::string_view key,
+                       completion<kv_entry> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), kv_get_locked(bucket, key, after));
   }
 
-  void async_kv_create(std::string_view bucket, std::string_view key, std::string value,
-                       std::optional<duration> ttl, completion<std::uint64_t> done) override {
+  void do_async_kv_create(std::string_view bucket, std::string_view key, std::string value,
+                          std::optional<duration> ttl, completion<std::uint64_t> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), kv_write(bucket, key, kv_op::put, std::move(value), ttl,
                                              write_rule::create, 0, after));
   }
 
-  void async_kv_update(std::string_view bucket, std::string_view key, std::string value,
-                       std::uint64_t expected_revision, std::optional<duration> ttl,
-                       completion<std::uint64_t> done) override {
+  void do_async_kv_update(std::string_view bucket, std::string_view key, std::string value,
+                          std::uint64_t expected_revision, std::optional<duration> ttl,
+                          completion<std::uint64_t> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), kv_write(bucket, key, kv_op::put, std::move(value), ttl,
                                              write_rule::update, expected_revision, after));
   }
 
-  void async_kv_put(std::string_view bucket, std::string_view key, std::string value,
-                    std::optional<duration> ttl, completion<std::uint64_t> done) override {
+  void do_async_kv_put(std::string_view bucket, std::string_view key, std::string value,
+                       std::optional<duration> ttl, completion<std::uint64_t> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     after.complete(std::move(done), kv_write(bucket, key, kv_op::put, std::move(value), ttl,
                                              write_rule::any, 0, after));
   }
 
-  void async_kv_delete(std::string_view bucket, std::string_view key,
-                       completion<void> done) override {
+  void do_async_kv_delete(std::string_view bucket, std::string_view key,
+                          completion<void> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     auto r = kv_write(bucket, key, kv_op::del, {}, std::nullopt, write_rule::any, 0, after);
     after.complete<void>(std::move(done), r ? result<void>() : result<void>(r.error()));
   }
 
-  void async_kv_purge(std::string_view bucket, std::string_view key,
-                      completion<void> done) override {
+  void do_async_kv_purge(std::string_view bucket, std::string_view key,
+                         completion<void> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     auto r = kv_write(bucket, key, kv_op::purge, {}, std::nullopt, write_rule::any, 0, after);
     after.complete<void>(std::move(done), r ? result<void>() : result<void>(r.error()));
   }
 
-  void async_kv_erase(std::string_view bucket, std::string_view key,
-                      completion<void> done) override {
+  void do_async_kv_erase(std::string_view bucket, std::string_view key,
+                         completion<void> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     auto r = kv_erase_locked(bucket, key);
@@ -554,8 +533,6 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   }
 
   result<void> kv_erase_locked(std::string_view bucket, std::string_view key) {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
-    if (auto r = subjects::check_kv_key(key); !r) return r.error();
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
     if (auto t = b->ttl_timers.find(key); t != b->ttl_timers.end()) {
@@ -567,8 +544,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return {};
   }
 
-  result<std::vector<std::string>> kv_keys(std::string_view bucket) override {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+  result<std::vector<std::string>> do_kv_keys(std::string_view bucket) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* b = find_bucket(bucket);
@@ -581,9 +557,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return keys;
   }
 
-  result<std::vector<kv_entry>> kv_history(std::string_view bucket, std::string_view key) override {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
-    if (auto r = subjects::check_kv_key(key); !r) return r.error();
+  result<std::vector<kv_entry>> do_kv_history(std::string_view bucket,
+                                              std::string_view key) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
     auto* b = find_bucket(bucket);
@@ -596,13 +571,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return out;
   }
 
-  result<std::unique_ptr<subscription>> kv_watch(std::string_view bucket,
-                                                 const kv_watch_options& options,
-                                                 kv_watch_handlers handlers) override {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
+  result<std::unique_ptr<subscription>> do_kv_watch(std::string_view bucket,
+                                                    const kv_watch_options& options,
+                                                    kv_watch_handlers handlers) override {
     std::string filter = options.key_filter.empty() ? ">" : options.key_filter;
-    if (auto r = subjects::check_filter(filter); !r) return r.error();
-    if (!handlers.on_entry) return unexpected(errc::bad_request, "kv_watch needs on_entry");
     auto w = std::make_shared<kv_watcher>();
     w->filter = filter;
     w->queue = std::make_shared<serial_queue>(sink_);
@@ -785,7 +757,6 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   }
 
   result<publish_ack> publish_locked(outgoing_message msg, deferred& after) {
-    if (auto r = subjects::check_subject(msg.subject); !r) return r.error();
     stream_state_impl* s = nullptr;
     std::string stream_name;
     for (auto& [name, candidate] : streams_) {
@@ -1218,8 +1189,6 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   }
 
   result<kv_entry> kv_get_locked(std::string_view bucket, std::string_view key, deferred& after) {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
-    if (auto r = subjects::check_kv_key(key); !r) return r.error();
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
     auto it = b->keys.find(key);
@@ -1233,14 +1202,6 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   result<std::uint64_t> kv_write(std::string_view bucket, std::string_view key, kv_op op,
                                  std::string value, std::optional<duration> ttl, write_rule rule,
                                  std::uint64_t expected, deferred& after) {
-    if (auto r = subjects::check_bucket_name(bucket); !r) return r.error();
-    if (auto r = subjects::check_kv_key(key); !r) return r.error();
-    if (ttl && *ttl <= duration::zero()) {
-      return unexpected(errc::bad_request, "per-key ttl must be positive");
-    }
-    if (rule == write_rule::update && expected == 0) {
-      return unexpected(errc::bad_request, "update needs an expected revision of at least 1");
-    }
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
     if (b->config.max_value_size > 0 &&

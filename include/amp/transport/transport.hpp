@@ -27,6 +27,14 @@
 /// `not_found`; a stale revision, an existing key, a clashing configuration or an
 /// overlapping work-queue filter is `conflict`; stream limits are `limit_exceeded` or
 /// `payload_too_large`; an unreachable backend is `unavailable` (nothing was stored).
+///
+/// Writing a backend. Derive from `transport` and implement the protected `do_*` members
+/// (and `caps`, `clock`, `ping`). The public members check what can be checked without the
+/// backend (names, subjects and filters, configurations, a fetch batch of at least 1, a
+/// per-key TTL that is positive and that `caps()` supports, an update's expected revision of
+/// at least 1, the callbacks of a subscription or watch) and answer a failed check
+/// themselves, so a `do_*` member sees only arguments that passed; what only the backend can
+/// judge (an ack token, a stream's limits, what exists) stays with it.
 
 #include <chrono>
 #include <cstdint>
@@ -297,26 +305,25 @@ class transport {
   /// Creates the stream when missing; returns it unchanged when it exists with the same
   /// configuration; `conflict` naming the differing setting otherwise (never changes it).
   /// `bad_request` for an impossible configuration (no subjects, replicas < 1, ...).
-  virtual result<stream_info> ensure_stream(const stream_config& config) = 0;
+  result<stream_info> ensure_stream(const stream_config& config);
   /// Changes the limits of an existing stream to those of `config`: `max_msgs`,
   /// `max_bytes`, `max_msgs_per_subject`, `max_msg_size`, `max_age`, `discard` and
   /// `duplicate_window`. What the new limits no longer admit is removed at once, oldest
   /// first. `not_found` when the stream is missing; `conflict` naming the setting when its
   /// `subjects`, `retention`, `storage` or `replicas` differ (those never change);
   /// `bad_request` as for `ensure_stream`.
-  virtual result<stream_info> update_stream(const stream_config& config) = 0;
-  virtual result<stream_info> stream_info_of(std::string_view stream) = 0;
-  virtual result<void> delete_stream(std::string_view stream) = 0;
+  result<stream_info> update_stream(const stream_config& config);
+  result<stream_info> stream_info_of(std::string_view stream);
+  result<void> delete_stream(std::string_view stream);
   /// The message at `seq`; `not_found` if there is none (never stored, or removed).
-  virtual result<message> get_message(std::string_view stream, std::uint64_t seq) = 0;
+  result<message> get_message(std::string_view stream, std::uint64_t seq);
   /// The last message whose subject matches `subject_filter`; `not_found` if none.
-  virtual result<message> get_last_message(std::string_view stream,
-                                           std::string_view subject_filter) = 0;
+  result<message> get_last_message(std::string_view stream, std::string_view subject_filter);
 
   /// Stores a message in the stream capturing its subject. `not_found` when no stream
   /// captures it; `payload_too_large` over `max_msg_size`; `limit_exceeded` when the
   /// stream is full and discards new messages.
-  virtual void async_publish(outgoing_message msg, completion<publish_ack> done) = 0;
+  void async_publish(outgoing_message msg, completion<publish_ack> done);
   result<publish_ack> publish(outgoing_message msg);
 
   // ----- durable pull consumers -----------------------------------------------------
@@ -325,20 +332,19 @@ class transport {
   /// configuration; `conflict` when it differs. On a work-queue stream, a filter that
   /// overlaps another consumer's is `conflict` and `deliver` must be `all`
   /// (`bad_request` otherwise).
-  virtual result<consumer_info> ensure_consumer(const consumer_config& config) = 0;
+  result<consumer_info> ensure_consumer(const consumer_config& config);
   /// Changes an existing consumer's `filter_subject`, `ack_wait`, `max_ack_pending`,
   /// `max_deliver` or `inactive_threshold` (an update counts as use). `not_found` when missing;
   /// `conflict` for an overlapping work-queue filter or a change of stream or start position.
-  virtual result<consumer_info> update_consumer(const consumer_config& config) = 0;
-  virtual result<consumer_info> consumer_info_of(std::string_view stream,
-                                                 std::string_view durable) = 0;
-  virtual result<void> delete_consumer(std::string_view stream, std::string_view durable) = 0;
+  result<consumer_info> update_consumer(const consumer_config& config);
+  result<consumer_info> consumer_info_of(std::string_view stream, std::string_view durable);
+  result<void> delete_consumer(std::string_view stream, std::string_view durable);
 
   /// Pulls messages from a durable consumer: redeliveries due first, then new messages,
   /// in stream order, never more than `max_ack_pending` outstanding. Each delivery
   /// starts the consumer's AckWait for that message. `not_found` for a missing consumer.
-  virtual void async_fetch(std::string_view stream, std::string_view durable, fetch_request request,
-                           completion<std::vector<message>> done) = 0;
+  void async_fetch(std::string_view stream, std::string_view durable, fetch_request request,
+                   completion<std::vector<message>> done);
   /// Blocking fetch. With a `manual_clock` and `max_wait` > 0 it returns only when a
   /// message arrives or another thread advances the clock.
   result<std::vector<message>> fetch(std::string_view stream, std::string_view durable,
@@ -351,8 +357,8 @@ class transport {
   /// `nak_delay` is used by `nak` only. `bad_request` for a token this transport did not
   /// issue; `not_found` when the consumer that delivered the message no longer exists
   /// (deleted, or removed by `inactive_threshold`: the message stays in the stream).
-  virtual void async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
-                                 completion<void> done) = 0;
+  void async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
+                         completion<void> done);
   result<void> ack(const message& msg);
   result<void> nak(const message& msg, duration delay = duration::zero());
   result<void> in_progress(const message& msg);
@@ -360,42 +366,38 @@ class transport {
 
   /// Ordered replay (an ephemeral ordered consumer). `on_message` runs one message at a
   /// time, in stream order. `not_found` for a missing stream.
-  virtual result<std::unique_ptr<subscription>> subscribe_ordered(
-      const replay_request& request, std::function<void(const message&)> on_message) = 0;
+  result<std::unique_ptr<subscription>> subscribe_ordered(
+      const replay_request& request, std::function<void(const message&)> on_message);
 
   // ----- KV buckets -----------------------------------------------------------------
 
   /// Creates the bucket when missing; unchanged when equal; `conflict` when it differs.
-  virtual result<void> ensure_bucket(const kv_config& config) = 0;
-  virtual result<void> delete_bucket(std::string_view bucket) = 0;
+  result<void> ensure_bucket(const kv_config& config);
+  result<void> delete_bucket(std::string_view bucket);
 
   /// The latest value; `not_found` when the key is missing, deleted, purged or expired.
-  virtual void async_kv_get(std::string_view bucket, std::string_view key,
-                            completion<kv_entry> done) = 0;
+  void async_kv_get(std::string_view bucket, std::string_view key, completion<kv_entry> done);
   /// Writes only when the key has no live value; `conflict` otherwise. Returns the
   /// revision. `ttl` (per-key TTL) needs `caps().per_key_ttl`: `bad_request` otherwise.
-  virtual void async_kv_create(std::string_view bucket, std::string_view key, std::string value,
-                               std::optional<duration> ttl, completion<std::uint64_t> done) = 0;
+  void async_kv_create(std::string_view bucket, std::string_view key, std::string value,
+                       std::optional<duration> ttl, completion<std::uint64_t> done);
   /// Writes only when the key's latest revision (of any op) is `expected_revision`;
   /// `conflict` otherwise (two updates on one revision: exactly one succeeds).
-  virtual void async_kv_update(std::string_view bucket, std::string_view key, std::string value,
-                               std::uint64_t expected_revision, std::optional<duration> ttl,
-                               completion<std::uint64_t> done) = 0;
+  void async_kv_update(std::string_view bucket, std::string_view key, std::string value,
+                       std::uint64_t expected_revision, std::optional<duration> ttl,
+                       completion<std::uint64_t> done);
   /// Writes unconditionally. Returns the revision.
-  virtual void async_kv_put(std::string_view bucket, std::string_view key, std::string value,
-                            std::optional<duration> ttl, completion<std::uint64_t> done) = 0;
+  void async_kv_put(std::string_view bucket, std::string_view key, std::string value,
+                    std::optional<duration> ttl, completion<std::uint64_t> done);
   /// Writes a delete marker; history stays. Succeeds for a missing key too.
-  virtual void async_kv_delete(std::string_view bucket, std::string_view key,
-                               completion<void> done) = 0;
+  void async_kv_delete(std::string_view bucket, std::string_view key, completion<void> done);
   /// Removes every revision of the key and leaves one purge marker.
-  virtual void async_kv_purge(std::string_view bucket, std::string_view key,
-                              completion<void> done) = 0;
+  void async_kv_purge(std::string_view bucket, std::string_view key, completion<void> done);
   /// Removes every revision of the key and leaves no marker: the key is as if it had never
   /// been written, and a later create of it succeeds (JetStream: a stream purge filtered on
   /// the key's subject). Watchers are not told. Succeeds for a missing key; `not_found` for a
   /// missing bucket. For retention, where a marker per removed key would be growth too.
-  virtual void async_kv_erase(std::string_view bucket, std::string_view key,
-                              completion<void> done) = 0;
+  void async_kv_erase(std::string_view bucket, std::string_view key, completion<void> done);
 
   result<kv_entry> kv_get(std::string_view bucket, std::string_view key);
   result<std::uint64_t> kv_create(std::string_view bucket, std::string_view key, std::string value,
@@ -410,18 +412,73 @@ class transport {
   result<void> kv_erase(std::string_view bucket, std::string_view key);
 
   /// The keys with a live value, sorted.
-  virtual result<std::vector<std::string>> kv_keys(std::string_view bucket) = 0;
+  result<std::vector<std::string>> kv_keys(std::string_view bucket);
   /// Every retained revision of the key, oldest first, markers included; `not_found`
   /// when none is retained.
-  virtual result<std::vector<kv_entry>> kv_history(std::string_view bucket,
-                                                   std::string_view key) = 0;
+  result<std::vector<kv_entry>> kv_history(std::string_view bucket, std::string_view key);
   /// Watches a bucket; see `kv_watch_handlers`. `not_found` for a missing bucket.
-  virtual result<std::unique_ptr<subscription>> kv_watch(std::string_view bucket,
-                                                         const kv_watch_options& options,
-                                                         kv_watch_handlers handlers) = 0;
+  result<std::unique_ptr<subscription>> kv_watch(std::string_view bucket,
+                                                 const kv_watch_options& options,
+                                                 kv_watch_handlers handlers);
 
  protected:
   transport() = default;
+
+  /// Called inside a catch block when a completion handler that a public member called
+  /// itself (to answer a failed check) threw; `where` names the operation. The default writes
+  /// one line to standard error; a backend reports it as it reports its own handlers'
+  /// exceptions (`on_handler_error`).
+  virtual void handler_threw(std::string_view where) noexcept;
+
+  // What a backend implements (see "Writing a backend" above). The public members have
+  // checked every argument they can check alone (names, batch, ttl, callbacks) before they
+  // call these; a completion is called at most once.
+  virtual result<stream_info> do_ensure_stream(const stream_config& config) = 0;
+  virtual result<stream_info> do_update_stream(const stream_config& config) = 0;
+  virtual result<stream_info> do_stream_info_of(std::string_view stream) = 0;
+  virtual result<void> do_delete_stream(std::string_view stream) = 0;
+  virtual result<message> do_get_message(std::string_view stream, std::uint64_t seq) = 0;
+  virtual result<message> do_get_last_message(std::string_view stream,
+                                              std::string_view subject_filter) = 0;
+  virtual void do_async_publish(outgoing_message msg, completion<publish_ack> done) = 0;
+  virtual result<consumer_info> do_ensure_consumer(const consumer_config& config) = 0;
+  virtual result<consumer_info> do_update_consumer(const consumer_config& config) = 0;
+  virtual result<consumer_info> do_consumer_info_of(std::string_view stream,
+                                                    std::string_view durable) = 0;
+  virtual result<void> do_delete_consumer(std::string_view stream, std::string_view durable) = 0;
+  virtual void do_async_fetch(std::string_view stream, std::string_view durable,
+                              fetch_request request, completion<std::vector<message>> done) = 0;
+  virtual void do_async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
+                                    completion<void> done) = 0;
+  virtual result<std::unique_ptr<subscription>> do_subscribe_ordered(
+      const replay_request& request, std::function<void(const message&)> on_message) = 0;
+  virtual result<void> do_ensure_bucket(const kv_config& config) = 0;
+  virtual result<void> do_delete_bucket(std::string_view bucket) = 0;
+  virtual void do_async_kv_get(std::string_view bucket, std::string_view key,
+                               completion<kv_entry> done) = 0;
+  virtual void do_async_kv_create(std::string_view bucket, std::string_view key, std::string value,
+                                  std::optional<duration> ttl, completion<std::uint64_t> done) = 0;
+  virtual void do_async_kv_update(std::string_view bucket, std::string_view key, std::string value,
+                                  std::uint64_t expected_revision, std::optional<duration> ttl,
+                                  completion<std::uint64_t> done) = 0;
+  virtual void do_async_kv_put(std::string_view bucket, std::string_view key, std::string value,
+                               std::optional<duration> ttl, completion<std::uint64_t> done) = 0;
+  virtual void do_async_kv_delete(std::string_view bucket, std::string_view key,
+                                  completion<void> done) = 0;
+  virtual void do_async_kv_purge(std::string_view bucket, std::string_view key,
+                                 completion<void> done) = 0;
+  virtual void do_async_kv_erase(std::string_view bucket, std::string_view key,
+                                 completion<void> done) = 0;
+  virtual result<std::vector<std::string>> do_kv_keys(std::string_view bucket) = 0;
+  virtual result<std::vector<kv_entry>> do_kv_history(std::string_view bucket,
+                                                      std::string_view key) = 0;
+  virtual result<std::unique_ptr<subscription>> do_kv_watch(std::string_view bucket,
+                                                            const kv_watch_options& options,
+                                                            kv_watch_handlers handlers) = 0;
+
+ private:
+  template <class T>
+  bool refused(result<void> check, completion<T>& done, std::string_view where);
 };
 
 }  // namespace amp

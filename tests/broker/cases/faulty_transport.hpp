@@ -73,40 +73,40 @@ class faulty_transport final : public transport {
   std::shared_ptr<amp::clock> clock() const override { return inner_->clock(); }
   result<void> ping() override { return inner_->ping(); }
 
-  result<stream_info> ensure_stream(const stream_config& c) override {
+  result<stream_info> do_ensure_stream(const stream_config& c) override {
     return inner_->ensure_stream(c);
   }
-  result<stream_info> update_stream(const stream_config& c) override {
+  result<stream_info> do_update_stream(const stream_config& c) override {
     return inner_->update_stream(c);
   }
-  result<stream_info> stream_info_of(std::string_view s) override {
+  result<stream_info> do_stream_info_of(std::string_view s) override {
     return inner_->stream_info_of(s);
   }
-  result<void> delete_stream(std::string_view s) override { return inner_->delete_stream(s); }
-  result<message> get_message(std::string_view s, std::uint64_t seq) override {
+  result<void> do_delete_stream(std::string_view s) override { return inner_->delete_stream(s); }
+  result<message> do_get_message(std::string_view s, std::uint64_t seq) override {
     return inner_->get_message(s, seq);
   }
-  result<message> get_last_message(std::string_view s, std::string_view f) override {
+  result<message> do_get_last_message(std::string_view s, std::string_view f) override {
     return inner_->get_last_message(s, f);
   }
-  void async_publish(outgoing_message msg, completion<publish_ack> done) override {
+  void do_async_publish(outgoing_message msg, completion<publish_ack> done) override {
     if (auto e = check("publish", msg.subject)) return done(std::move(*e));
     inner_->async_publish(std::move(msg), std::move(done));
   }
-  result<consumer_info> ensure_consumer(const consumer_config& c) override {
+  result<consumer_info> do_ensure_consumer(const consumer_config& c) override {
     return inner_->ensure_consumer(c);
   }
-  result<consumer_info> update_consumer(const consumer_config& c) override {
+  result<consumer_info> do_update_consumer(const consumer_config& c) override {
     return inner_->update_consumer(c);
   }
-  result<consumer_info> consumer_info_of(std::string_view s, std::string_view d) override {
+  result<consumer_info> do_consumer_info_of(std::string_view s, std::string_view d) override {
     return inner_->consumer_info_of(s, d);
   }
-  result<void> delete_consumer(std::string_view s, std::string_view d) override {
+  result<void> do_delete_consumer(std::string_view s, std::string_view d) override {
     return inner_->delete_consumer(s, d);
   }
-  void async_fetch(std::string_view s, std::string_view d, fetch_request r,
-                   completion<std::vector<message>> done) override {
+  void do_async_fetch(std::string_view s, std::string_view d, fetch_request r,
+                      completion<std::vector<message>> done) override {
     if (auto e = check("fetch", d)) return done(std::move(*e));
     duration extra;
     {
@@ -121,8 +121,8 @@ class faulty_transport final : public transport {
       done(std::move(got));
     });
   }
-  void async_acknowledge(const message& msg, ack_kind kind, duration delay,
-                         completion<void> done) override {
+  void do_async_acknowledge(const message& msg, ack_kind kind, duration delay,
+                            completion<void> done) override {
     static constexpr std::string_view names[] = {"ack", "nak", "in_progress", "term"};
     if (auto e = check(names[static_cast<int>(kind)], msg.ack_token)) return done(std::move(*e));
     if (kind == ack_kind::nak && delay > duration::zero()) {
@@ -131,23 +131,23 @@ class faulty_transport final : public transport {
     }
     inner_->async_acknowledge(msg, kind, delay, std::move(done));
   }
-  result<std::unique_ptr<subscription>> subscribe_ordered(
+  result<std::unique_ptr<subscription>> do_subscribe_ordered(
       const replay_request& r, std::function<void(const message&)> on_message) override {
     return inner_->subscribe_ordered(r, std::move(on_message));
   }
-  result<void> ensure_bucket(const kv_config& c) override { return inner_->ensure_bucket(c); }
-  result<void> delete_bucket(std::string_view b) override { return inner_->delete_bucket(b); }
-  void async_kv_get(std::string_view b, std::string_view k, completion<kv_entry> done) override {
+  result<void> do_ensure_bucket(const kv_config& c) override { return inner_->ensure_bucket(c); }
+  result<void> do_delete_bucket(std::string_view b) override { return inner_->delete_bucket(b); }
+  void do_async_kv_get(std::string_view b, std::string_view k, completion<kv_entry> done) override {
     if (auto e = check("kv_get", k)) return done(std::move(*e));
     inner_->async_kv_get(b, k, std::move(done));
   }
-  void async_kv_create(std::string_view b, std::string_view k, std::string v,
-                       std::optional<duration> ttl, completion<std::uint64_t> done) override {
+  void do_async_kv_create(std::string_view b, std::string_view k, std::string v,
+                          std::optional<duration> ttl, completion<std::uint64_t> done) override {
     if (auto e = check("kv_create", k)) return done(std::move(*e));
     inner_->async_kv_create(b, k, std::move(v), ttl, std::move(done));
   }
-  void async_kv_update(std::string_view b, std::string_view k, std::string v, std::uint64_t rev,
-                       std::optional<duration> ttl, completion<std::uint64_t> done) override {
+  void do_async_kv_update(std::string_view b, std::string_view k, std::string v, std::uint64_t rev,
+                          std::optional<duration> ttl, completion<std::uint64_t> done) override {
     if (auto e = check("kv_update", k)) return done(std::move(*e));
     {
       std::unique_lock lock(mu_);
@@ -159,31 +159,31 @@ class faulty_transport final : public transport {
     }
     inner_->async_kv_update(b, k, std::move(v), rev, ttl, std::move(done));
   }
-  void async_kv_put(std::string_view b, std::string_view k, std::string v,
-                    std::optional<duration> ttl, completion<std::uint64_t> done) override {
+  void do_async_kv_put(std::string_view b, std::string_view k, std::string v,
+                       std::optional<duration> ttl, completion<std::uint64_t> done) override {
     if (auto e = check("kv_put", k)) return done(std::move(*e));
     inner_->async_kv_put(b, k, std::move(v), ttl, std::move(done));
   }
-  void async_kv_delete(std::string_view b, std::string_view k, completion<void> done) override {
+  void do_async_kv_delete(std::string_view b, std::string_view k, completion<void> done) override {
     if (auto e = check("kv_delete", k)) return done(std::move(*e));
     inner_->async_kv_delete(b, k, std::move(done));
   }
-  void async_kv_purge(std::string_view b, std::string_view k, completion<void> done) override {
+  void do_async_kv_purge(std::string_view b, std::string_view k, completion<void> done) override {
     if (auto e = check("kv_purge", k)) return done(std::move(*e));
     inner_->async_kv_purge(b, k, std::move(done));
   }
-  void async_kv_erase(std::string_view b, std::string_view k, completion<void> done) override {
+  void do_async_kv_erase(std::string_view b, std::string_view k, completion<void> done) override {
     if (auto e = check("kv_erase", k)) return done(std::move(*e));
     inner_->async_kv_erase(b, k, std::move(done));
   }
-  result<std::vector<std::string>> kv_keys(std::string_view b) override {
+  result<std::vector<std::string>> do_kv_keys(std::string_view b) override {
     return inner_->kv_keys(b);
   }
-  result<std::vector<kv_entry>> kv_history(std::string_view b, std::string_view k) override {
+  result<std::vector<kv_entry>> do_kv_history(std::string_view b, std::string_view k) override {
     return inner_->kv_history(b, k);
   }
-  result<std::unique_ptr<subscription>> kv_watch(std::string_view b, const kv_watch_options& o,
-                                                 kv_watch_handlers h) override {
+  result<std::unique_ptr<subscription>> do_kv_watch(std::string_view b, const kv_watch_options& o,
+                                                    kv_watch_handlers h) override {
     return inner_->kv_watch(b, o, std::move(h));
   }
 

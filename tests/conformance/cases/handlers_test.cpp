@@ -49,6 +49,26 @@ TEST_CASE("a completion handler that throws is reported and the transport carrie
   CHECK(any_contains(lines, "not a std::exception"));
 }
 
+TEST_CASE("a handler told of refused arguments that throws is reported through the same sink",
+          "[handlers]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  std::atomic<int> refused{0};
+  auto boom = [&](auto r) {
+    if (!r && r.error().code() == errc::invalid_name) ++refused;
+    throw std::runtime_error("refusal handler boom");
+  };
+  t.async_publish({.subject = "bad..subject", .data = "1"}, boom);
+  t.async_kv_get("bad bucket", "k", boom);
+  t.async_fetch("bad.stream", "durable", {}, boom);
+  CHECK(refused == 3);
+  const auto lines = fx->handler_errors();
+  REQUIRE(lines.size() == 3);
+  CHECK(any_contains(lines, "a handler of publish threw: refusal handler boom"));
+  CHECK(any_contains(lines, "a handler of kv_get threw"));
+  CHECK(any_contains(lines, "a handler of fetch threw"));
+}
+
 TEST_CASE("a replay or watch callback that throws is reported, and later ones still arrive",
           "[handlers]") {
   auto fx = make_fixture();
