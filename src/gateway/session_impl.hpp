@@ -1,0 +1,314 @@
+#pragma once
+
+// One client session of `amp.v1` (private to src/gateway): its state, its output, and its
+// ops. The members are defined by op group: session.cpp (frames in, the op table, the checks
+// in the spec's order, output, the policy steps shared by several ops), session_lifecycle.cpp
+// (hello, bye, close), session_messaging.cpp (inbox and topics), session_registry.cpp
+// (register, heartbeat, who, watch) and session_jobs.cpp (submit and the task ops). See
+// include/amp/gateway/session.hpp and docs/protocol.md.
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "amp/json.hpp"
+#include "amp/timestamp.hpp"
+#include "detail/lanes.hpp"
+#include "detail/simdjson_adapter.hpp"
+#include "gateway/gateway_state.hpp"
+
+namespace amp {
+
+namespace dom = simdjson::dom;
+
+// What the op groups share: reading the members of a parsed frame, measuring a wait.
+namespace detail::session_util {
+
+double seconds_since(std::chrono::steady_clock::time_point start);
+std::size_t utf8_length(std::string_view s);
+std::optional<std::string_view> string_at(dom::element e, std::string_view key);
+std::string string_or_empty(dom::element e, std::string_view key);
+std::optional<std::int64_t> int_at(dom::element e, std::string_view key);
+// The fence a frame carries (spec §7): its `attempt`, with one no attempt can have (outside
+// 0..INT_MAX) kept as -1, never current, rather than narrowed to one that might be.
+std::optional<int> attempt_of(dom::element frame);
+bool bool_or(dom::element e, std::string_view key, bool fallback);
+// The member's JSON text, minified; empty when absent.
+std::string raw_at(dom::element e, std::string_view key);
+header_list headers_at(dom::element e);
+
+}  // namespace detail::session_util
+
+// A topic subscription of a session. Events that arrive before the `ok` of `subscribe` has
+// been sent wait in `pending` (bounded like the carrier), so the client sees the `ok` first.
+struct sub_state {
+  std::string name;
+  std::mutex mu;
+  bool started = false;
+  bool over = false;
+  std::optional<std::uint64_t> dropped_at;  // dropped before the ok was sent
+  std::vector<std::string> pending;
+  std::size_t pending_bytes = 0;
+  std::unique_ptr<topic_subscription> s;
+};
+
+struct session::impl : std::enable_shared_from_this<session::impl> {
+  std::shared_ptr<gateway::impl> gw;
+  std::shared_ptr<session_carrier> carrier;
+  std::string id;
+
+  // Frames waiting for the executor and running on it, by lane (see `classify`): frames of
+  // one lane run one at a time in the order they came; a frame without a lane (`barrier`)
+  // runs alone; frames of different lanes run at once (up to k_max_running of a session).
+  using frame_lanes = detail::lanes<std::string>;
+  using inbound_frame = frame_lanes::entry;
+  std::unique_ptr<frame_lanes> frames;  // set by new_session
+
+  std::atomic<bool> ended{false};    // closed() ran, or a close was asked of the carrier
+  std::atomic<bool> cleaned{false};  // closed() ran
+
+  std::mutex mu;
+  std::optional<identity> ident;
+  std::shared_ptr<detail::ns_state> ns;
+  std::unique_ptr<inbox_reader> reader;
+  std::map<std::string, std::shared_ptr<sub_state>, std::less<>> subs;
+  std::uint64_t next_sub = 1;
+  timer_id hello_timer = 0;
+  bool counted = false;  // counts in the gateway's sessions
+  bool pending_counted = true;
+
+  std::mutex out_mu;
+  bool close_requested = false;
+
+  // ---- output -------------------------------------------------------------------------
+
+  enum class out_kind {
+    reply,   // a reply or a push the client must get: over the hard limit, close
+    event,   // a topic event: refused over the soft limit
+    forced,  // sent whatever the buffer holds (sub_dropped, the last error before a close)
+  };
+
+  // Sends one frame; false when it was not sent (closing, or an event over the limit).
+  bool emit(std::string frame, std::string_view op, out_kind kind = out_kind::reply);
+
+  void close_locked(int code, std::string reason);
+
+  void request_close(int code, std::string reason);
+
+  // ---- requests -----------------------------------------------------------------------
+
+  struct request {
+    std::string_view op;
+    std::string id_json;  // the id to echo, or "null"
+    bool has_id = false;
+    dom::element frame;          // valid only while `process` runs
+    std::shared_ptr<void> hold;  // the frame's lane is busy until every copy is gone
+  };
+
+  // The request as an operation that answers later keeps it: without the frame.
+  static request later(const request& rq);
+
+  void reply_ok(const request& rq, std::string_view members = {});
+
+  void reply_error(std::string_view id_json, const error& e,
+                   std::optional<std::int64_t> retry_after_ms = {},
+                   out_kind kind = out_kind::reply);
+
+  void fail(const request& rq, const error& e, std::optional<std::int64_t> retry_after_ms = {});
+
+  void fail(const request& rq, errc code, std::string message);
+
+  // ---- the ops ----------------------------------------------------------------------------
+
+  // Where a frame of an op runs (see `classify`).
+  enum class lane_rule {
+    barrier,  // alone: after every frame before it, before every frame after it
+    none,     // beside anything, in no order (submit, ack, nack)
+    task,     // the lane of its `task`, shared by every op on that task (a barrier without one)
+    to,       // the lane of its recipient: sends to one participant keep their order
+    topic,    // the lane of its topic: publishes on one topic keep their order
+  };
+
+  // One op of amp.v1: its name (its shape schema is `frames/<name>`), its lane, what it takes
+  // from the participant's ops bucket (nothing for hello and bye, nor for the ops that
+  // `admit` rate-limits; the most for those that touch the whole registry), its handler.
+  struct op_spec {
+    std::string_view name;
+    lane_rule lane;
+    double cost;
+    void (impl::*handle)(request&);
+  };
+
+  // Every op a client may send.
+  static const std::array<op_spec, 19>& ops();
+  // The op named `name`; null when there is none.
+  static const op_spec* find_op(std::string_view name);
+
+  // ---- inbound --------------------------------------------------------------------------
+
+  // Which lane a frame goes to: its op's `lane_rule`; a frame that is not an object with a
+  // known op is a barrier.
+  static void classify(inbound_frame& f);
+
+  void receive(std::string_view text);
+
+  void run(std::vector<inbound_frame> start);
+
+  void process(std::string_view text, std::shared_ptr<void> hold);
+
+  // The identity and namespace of an authenticated session (every op but hello). Callers
+  // name the two through references, not a structured binding: their lambdas capture them,
+  // which clang before 16 refuses for bindings (the fuzz build is clang 14).
+  std::pair<identity, std::shared_ptr<detail::ns_state>> who();
+
+  // ---- hello ----------------------------------------------------------------------------
+
+  void start_hello_deadline();
+
+  void on_hello(request& rq);
+
+  // ---- inbox ----------------------------------------------------------------------------
+
+  void deliver(const inbox_message& m);
+
+  // The policy checks of send, publish and submit, in the spec's order after the
+  // envelope: rate, then budget. Returns the spend to refund if the operation fails.
+  // `count_budget` may decide after the rate passed whether the budget counts (false: a
+  // resubmission), or fail the request itself (then it returns an error).
+  std::optional<budget_spend> admit(const request& rq, const identity& me, std::size_t body_bytes,
+                                    const std::function<result<bool>()>& count_budget = {});
+
+  void refund(const budget_spend& spend);
+
+  result<void> check_body(std::string_view body);
+
+  // The envelope rules and the body schema of the message's type (`invalid_envelope`).
+  result<envelope> check_envelope(const identity& me, std::string to, std::string body,
+                                  std::string type, header_list headers, std::string msg_id,
+                                  std::string reply_to = {}, std::string correlation = {});
+
+  void on_send(request& rq);
+
+  // The completion that answers a send or publish (see `answer_stored`) when the backend has.
+  template <class Stored>
+  completion<Stored> answer_later(const request& rq, const budget_spend& spend) {
+    return [self = shared_from_this(), rq = later(rq), spend,
+            started = std::chrono::steady_clock::now()](result<Stored> stored) {
+      self->gw->metrics.backend(detail::session_util::seconds_since(started));
+      if (!stored || stored->duplicate) {
+        // The refund may block: not on the transport's thread.
+        return self->gw->post(
+            [self, rq, spend, stored] { self->answer_stored(rq, spend, stored); });
+      }
+      self->answer_stored(rq, spend, stored);
+    };
+  }
+
+  // The answer to a send or publish (`send_result`, `publish_result`): a failure or a
+  // duplicate gives the budget unit back (a duplicate costs rate, not budget).
+  template <class Stored>
+  void answer_stored(const request& rq, const budget_spend& spend, const result<Stored>& stored) {
+    if (!stored || stored->duplicate) refund(spend);
+    if (!stored) return fail(rq, stored.error());
+    json_writer w;
+    w.begin_object().key("seq").integer(stored->seq).key("msg_id").string(stored->msg_id);
+    w.key("duplicate").boolean(stored->duplicate).end_object();
+    reply_members(rq, w.take());
+  }
+
+  void reply_members(const request& rq, const std::string& object_json);
+
+  void on_ack(request& rq);
+
+  // ---- topics ---------------------------------------------------------------------------
+
+  void on_publish(request& rq);
+
+  result<replay_from> replay_of(dom::element frame);
+
+  void on_subscribe(request& rq);
+
+  // Tells the client its subscription was dropped, and forgets it.
+  void announce_drop(const std::shared_ptr<sub_state>& state, std::uint64_t last_seq);
+
+  void on_unsubscribe(request& rq);
+
+  // Stops a subscription whose callback may be running on this very thread, and destroys it
+  // later on the executor (its callbacks hold its state: dropping it breaks that cycle).
+  void retire(std::unique_ptr<topic_subscription> s);
+
+  ~impl();
+
+  static void stop_sub(sub_state& state);
+
+  // ---- registry -------------------------------------------------------------------------
+
+  int load_of(const identity& me, detail::ns_state& st);
+
+  void remember_entry(detail::ns_state& st, const registry_entry& e);
+
+  void on_register(request& rq);
+
+  // Refreshes the entry; one that expired while this session stayed registered comes back.
+  void refresh_entry(const identity& me, const std::shared_ptr<detail::ns_state>& st);
+
+  void on_heartbeat(request& rq);
+
+  void on_who(request& rq);
+
+  void on_watch(request& rq);
+
+  // ---- jobs -----------------------------------------------------------------------------
+
+  void on_submit(request& rq);
+
+  void answer_submitted(const request& rq, const submit_result& submitted);
+
+  // Takes the open offer of `task` away from this session, cancelling its lapse timer.
+  std::optional<offer> take_offer(detail::ns_state& st, std::string_view task);
+
+  void on_claim(request& rq);
+
+  void on_decline(request& rq);
+
+  // The lease of `task` is over for this session (completed, failed, lost, released): its
+  // slot is free, so the job (`job`, or the one the session held it for) is offered again.
+  void lease_over(const std::shared_ptr<detail::ns_state>& st, std::string_view task,
+                  std::string_view job);
+
+  // `lease_lost` for `task`: the session's lease is over, unless the participant still holds
+  // it here (the frame named another attempt than the live one).
+  void lease_refused(const std::shared_ptr<detail::ns_state>& st, const participant_name& who,
+                     const task_id& task);
+
+  void on_complete(request& rq);
+
+  void on_fail(request& rq);
+
+  void on_cancel(request& rq);
+
+  void on_task(request& rq);
+
+  // ---- bye and close --------------------------------------------------------------------
+
+  void on_bye(request& rq);
+
+  // The connection is gone: hand back open offers, stop the reader and subscriptions.
+  void on_closed();
+};
+
+}  // namespace amp
