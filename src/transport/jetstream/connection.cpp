@@ -297,16 +297,19 @@ void connection::deliver(std::uint64_t token, natsMsg* m) {
   if (finished) forget(token);
 }
 
+std::shared_ptr<pending_request> connection::take(std::uint64_t token) {
+  std::lock_guard lock(mu_);
+  auto it = pending_.find(token);
+  if (it == pending_.end()) return nullptr;
+  auto p = std::move(it->second);
+  pending_.erase(it);
+  unlink_pull(*p, token);
+  return p;
+}
+
 void connection::expire(std::uint64_t token) {
-  std::shared_ptr<pending_request> p;
-  {
-    std::lock_guard lock(mu_);
-    auto it = pending_.find(token);
-    if (it == pending_.end()) return;
-    p = it->second;
-    pending_.erase(it);
-    unlink_pull(*p, token);
-  }
+  auto p = take(token);
+  if (!p) return;
   std::lock_guard plock(p->mu);
   if (p->finished) return;
   p->finished = true;
@@ -314,15 +317,8 @@ void connection::expire(std::uint64_t token) {
 }
 
 void connection::forget(std::uint64_t token) {
-  std::shared_ptr<pending_request> p;
-  {
-    std::lock_guard lock(mu_);
-    auto it = pending_.find(token);
-    if (it == pending_.end()) return;
-    p = it->second;
-    pending_.erase(it);
-    unlink_pull(*p, token);
-  }
+  auto p = take(token);
+  if (!p) return;
   clock_->cancel(p->timer);
 }
 

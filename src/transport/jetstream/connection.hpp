@@ -126,6 +126,9 @@ class connection : public std::enable_shared_from_this<connection> {
 
   void deliver(std::uint64_t token, natsMsg* m);
 
+  // The request of `token`, no longer pending (its pull unlinked); null when there is none.
+  std::shared_ptr<pending_request> take(std::uint64_t token);
+
   void expire(std::uint64_t token);
 
   void forget(std::uint64_t token);
