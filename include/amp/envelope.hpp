@@ -60,4 +60,46 @@ result<envelope> parse_envelope(std::string_view json);
 /// whole-millisecond `ts`, `parse_envelope(to_json(e)) == e`. Thread-safe.
 std::string to_json(const envelope& e);
 
+/// What a sender supplies of an envelope; `sealed_envelope::seal` stamps the rest. The optional
+/// text fields are absent when empty.
+struct envelope_parts {
+  std::string from;  ///< a participant name, or `$broker`
+  std::string
+      to;  ///< a participant or job name, or a topic (the primitive that stores it checks which)
+  std::string body;  ///< one serialized JSON value
+  std::string type{};
+  std::vector<std::pair<std::string, std::string>> headers{};
+  std::string msg_id{};  ///< empty: a new unique one
+  std::string reply_to{};
+  std::string correlation{};
+};
+
+/// An envelope as the broker stores it: stamped, checked in the spec's order, and written
+/// as JSON, once. Only `seal` makes one, so the primitives that take one
+/// (`inbox::async_send`, `topics::async_publish`) store it without checking or writing it
+/// again: a gateway that must check an envelope before it spends anything (rate, budget)
+/// seals it, then hands the sealed envelope on.
+class sealed_envelope {
+ public:
+  /// Stamps `id` (`parts.msg_id`, or a new unique one), `ns` and `ts` (`now`, to the
+  /// millisecond), then checks in the spec's order: `bad_request` when `body` is missing or
+  /// not exactly one JSON value; `invalid_name` ("from: …", "reply_to: …") when `from` is
+  /// neither a participant name nor `$broker`, or `reply_to` is not a participant name; then
+  /// the envelope schema (`invalid_envelope` naming the failing member, as
+  /// `parse_envelope`). The body is kept minified. Thread-safe.
+  static result<sealed_envelope> seal(envelope_parts parts, std::string_view ns, time_point now);
+
+  /// The envelope; `parse_envelope(json()) == get()`.
+  const envelope& get() const noexcept { return env_; }
+  /// `to_json(get())`.
+  const std::string& json() const& noexcept { return json_; }
+  std::string json() && noexcept { return std::move(json_); }
+
+ private:
+  sealed_envelope(envelope env, std::string json) : env_(std::move(env)), json_(std::move(json)) {}
+
+  envelope env_;
+  std::string json_;
+};
+
 }  // namespace amp

@@ -122,6 +122,13 @@ std::string dedup_id(std::string_view from, std::string_view to, std::string_vie
   return fmt::format("{}:{}:{}", from, to, msg_id);
 }
 
+result<void> check_sealed_for(const sealed_envelope& env, const namespace_name& ns) {
+  if (env.get().ns == ns.view()) return {};
+  return unexpected(errc::bad_request,
+                    fmt::format("the envelope was sealed for namespace {}, not {}",
+                                quoted(env.get().ns), quoted(ns.view())));
+}
+
 void write_task_error(json_writer& w, const std::optional<task_error>& e) {
   if (!e) {
     w.null();
@@ -157,9 +164,12 @@ result<void> check_parts(std::string_view body, std::string_view from, std::stri
 
 }  // namespace
 
-result<envelope> seal_envelope(envelope_parts parts, std::string_view ns, time_point now) {
+}  // namespace detail
+
+result<sealed_envelope> sealed_envelope::seal(envelope_parts parts, std::string_view ns,
+                                              time_point now) {
   envelope e;
-  e.id = parts.msg_id.empty() ? unique_id("m_", now) : std::move(parts.msg_id);
+  e.id = parts.msg_id.empty() ? detail::unique_id("m_", now) : std::move(parts.msg_id);
   e.from = std::move(parts.from);
   e.to = std::move(parts.to);
   e.ns = std::string(ns);
@@ -169,9 +179,13 @@ result<envelope> seal_envelope(envelope_parts parts, std::string_view ns, time_p
   e.headers = std::move(parts.headers);
   e.reply_to = std::move(parts.reply_to);
   e.correlation = std::move(parts.correlation);
-  if (auto r = check_parts(e.body, e.from, e.reply_to); !r) return r.error();
-  return parse_envelope(to_json(e));
+  if (auto r = detail::check_parts(e.body, e.from, e.reply_to); !r) return r.error();
+  auto json = to_json(e);
+  auto parsed = parse_envelope(json);
+  if (!parsed) return parsed.error();
+  // Parsing minifies the body: the text is written again only when that changed it.
+  if (*parsed != e) json = to_json(*parsed);
+  return sealed_envelope(std::move(*parsed), std::move(json));
 }
 
-}  // namespace detail
 }  // namespace amp

@@ -62,26 +62,10 @@ std::string unique_id(std::string_view prefix, time_point now);
 // The `Nats-Msg-Id` that makes `msg_id` deduplicate per sender and destination.
 std::string dedup_id(std::string_view from, std::string_view to, std::string_view msg_id);
 
+// `bad_request` unless `env` was sealed for namespace `ns`.
+result<void> check_sealed_for(const sealed_envelope& env, const namespace_name& ns);
+
 // Writes a task's error as `{"code","message"}`, or null.
 void write_task_error(json_writer& w, const std::optional<task_error>& e);
-
-// The caller's parts of an envelope.
-struct envelope_parts {
-  std::string from;
-  std::string to;
-  std::string body;  // one serialized JSON value
-  std::string type{};
-  std::vector<std::pair<std::string, std::string>> headers{};
-  std::string msg_id{};  // empty: a new unique one
-  std::string reply_to{};
-  std::string correlation{};
-};
-
-// The envelope as it will be stored: id, ns and ts filled in, then checked in the spec's
-// order: `bad_request` when `body` is missing or not exactly one JSON value; `invalid_name`
-// ("from: ...", "reply_to: ...") when `from` is neither a participant name nor `$broker`,
-// or `reply_to` is not a participant name; then the envelope schema (`invalid_envelope`
-// naming the failing member). The body comes back minified.
-result<envelope> seal_envelope(envelope_parts parts, std::string_view ns, time_point now);
 
 }  // namespace amp::detail

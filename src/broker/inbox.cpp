@@ -461,26 +461,41 @@ struct prepared {
   std::string id;
 };
 
-result<prepared> prepare(inbox_send msg, const inbox_core& core) {
+result<prepared> prepare(sealed_envelope env, const inbox_core& core) {
   const auto& ns = core.settings->ns;
-  auto subject = subjects::inbox_subject(ns, msg.to);
-  auto to = msg.to.str();
-  auto env = seal_envelope(envelope_parts{.from = std::move(msg.from),
-                                          .to = to,
-                                          .body = std::move(msg.body),
-                                          .type = std::move(msg.type),
-                                          .headers = std::move(msg.headers),
-                                          .msg_id = std::move(msg.msg_id),
-                                          .reply_to = std::move(msg.reply_to),
-                                          .correlation = std::move(msg.correlation)},
-                           ns.view(), core.backend->clock()->now());
-  if (!env) return env.error();
+  if (auto r = check_sealed_for(env, ns); !r) return r.error();
+  auto to = participant_name::make(env.get().to);
+  if (!to) return unexpected(errc::invalid_name, "to: " + to.error().message());
   prepared p;
-  p.id = env->id;
-  p.out.subject = std::move(subject);
-  p.out.msg_id = dedup_id(env->from, to, env->id);
-  p.out.data = to_json(*env);
+  p.id = env.get().id;
+  p.out.subject = subjects::inbox_subject(ns, *to);
+  p.out.msg_id = dedup_id(env.get().from, env.get().to, env.get().id);
+  p.out.data = std::move(env).json();
   return p;
+}
+
+result<prepared> prepare(inbox_send msg, const inbox_core& core) {
+  auto env = sealed_envelope::seal(envelope_parts{.from = std::move(msg.from),
+                                                  .to = msg.to.str(),
+                                                  .body = std::move(msg.body),
+                                                  .type = std::move(msg.type),
+                                                  .headers = std::move(msg.headers),
+                                                  .msg_id = std::move(msg.msg_id),
+                                                  .reply_to = std::move(msg.reply_to),
+                                                  .correlation = std::move(msg.correlation)},
+                                   core.settings->ns.view(), core.backend->clock()->now());
+  if (!env) return env.error();
+  return prepare(std::move(*env), core);
+}
+
+// Publishes what `prepare` made (or answers its error).
+void store(result<prepared> p, const inbox_core& core, completion<send_result> done) {
+  if (!p) return done(p.error());
+  core.backend->async_publish(
+      std::move(p->out), [id = std::move(p->id), done = std::move(done)](result<publish_ack> r) {
+        if (!r) return done(std::move(r).error());
+        done(send_result{.seq = r->seq, .msg_id = id, .duplicate = r->duplicate});
+      });
 }
 
 }  // namespace
@@ -588,13 +603,11 @@ result<send_result> inbox::send(inbox_send msg) {
 }
 
 void inbox::async_send(inbox_send msg, completion<send_result> done) {
-  auto p = detail::prepare(std::move(msg), *core_);
-  if (!p) return done(p.error());
-  core_->backend->async_publish(
-      std::move(p->out), [id = std::move(p->id), done = std::move(done)](result<publish_ack> r) {
-        if (!r) return done(std::move(r).error());
-        done(send_result{.seq = r->seq, .msg_id = id, .duplicate = r->duplicate});
-      });
+  detail::store(detail::prepare(std::move(msg), *core_), *core_, std::move(done));
+}
+
+void inbox::async_send(sealed_envelope env, completion<send_result> done) {
+  detail::store(detail::prepare(std::move(env), *core_), *core_, std::move(done));
 }
 
 result<std::unique_ptr<inbox_reader>> inbox::attach(

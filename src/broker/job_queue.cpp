@@ -738,14 +738,16 @@ void job_queue::async_submit(submit_request req, completion<submit_result> done)
   }
   auto ts = s_->now();
   auto id = s_->store->new_id();
-  auto env = detail::seal_envelope({.from = req.from.str(),
-                                    .to = req.job.str(),
-                                    .body = std::move(req.body),
-                                    .type = std::move(req.type),
-                                    .headers = std::move(req.headers),
-                                    .msg_id = id.str()},
-                                   s_->config.ns.view(), ts);
-  if (!env) return done(env.error());
+  auto sealed = sealed_envelope::seal({.from = req.from.str(),
+                                       .to = req.job.str(),
+                                       .body = std::move(req.body),
+                                       .type = std::move(req.type),
+                                       .headers = std::move(req.headers),
+                                       .msg_id = id.str()},
+                                      s_->config.ns.view(), ts);
+  if (!sealed) return done(sealed.error());
+  const auto stamped = sealed->get().ts;
+  std::string data = std::move(*sealed).json();
   // No consumer here: the tasks stream keeps the message (work-queue retention) until the
   // first fetch of the job, by a worker that may take it, makes the job's consumer. A
   // submitter cannot make consumers by naming jobs nobody works on.
@@ -762,13 +764,17 @@ void job_queue::async_submit(submit_request req, completion<submit_result> done)
       auto existing = s_->store->get(s_->config.ns, id);
       if (existing) return done(submit_result{id, false});
       if (existing.error().code() != errc::not_found) return done(existing.error());
-      env->id = id.str();  // an earlier submission was cut short: finish it
+      // An earlier submission was cut short: finish it, under its task id.
+      auto env = parse_envelope(data);
+      if (!env) return done(env.error());
+      env->id = id.str();
+      data = to_json(*env);
     }
   }
 
   outgoing_message msg{
       .subject = subjects::job_subject(s_->config.ns, req.job),
-      .data = to_json(*env),
+      .data = std::move(data),
       .headers = {{std::string(k_task_header), id.str()},
                   {std::string(k_max_attempts_header), std::to_string(max_attempts)}},
       .msg_id = id.str()};
@@ -779,8 +785,8 @@ void job_queue::async_submit(submit_request req, completion<submit_result> done)
   r.state = task_state::queued;
   r.max_attempts = max_attempts;
   r.submitted_by = req.from.str();
-  r.created_at = env->ts;
-  r.updated_at = env->ts;
+  r.created_at = stamped;
+  r.updated_at = stamped;
   r.idem_key = std::move(idem_key);
   std::weak_ptr<state> weak = s_;
   s_->t->async_publish(

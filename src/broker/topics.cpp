@@ -19,9 +19,21 @@ struct prepared {
   std::string msg_id;
 };
 
+result<prepared> prepare(const namespace_name& ns, sealed_envelope env) {
+  if (auto r = detail::check_sealed_for(env, ns); !r) return r.error();
+  auto to = topic::make(env.get().to);
+  if (!to) return unexpected(errc::invalid_name, "to: " + to.error().message());
+  prepared p;
+  p.out.subject = subjects::topic_subject(ns, *to);
+  p.out.msg_id = detail::dedup_id(env.get().from, env.get().to, env.get().id);
+  p.msg_id = env.get().id;
+  p.out.data = std::move(env).json();
+  return p;
+}
+
 result<prepared> prepare(const namespace_name& ns, time_point now, topic_message msg) {
-  // seal_envelope checks in the spec's order: shape, then names, then the envelope.
-  auto env = detail::seal_envelope({.from = std::move(msg.from),
+  // seal checks in the spec's order: shape, then names, then the envelope.
+  auto env = sealed_envelope::seal({.from = std::move(msg.from),
                                     .to = msg.to.str(),
                                     .body = std::move(msg.body),
                                     .type = std::move(msg.type),
@@ -29,12 +41,17 @@ result<prepared> prepare(const namespace_name& ns, time_point now, topic_message
                                     .msg_id = std::move(msg.msg_id)},
                                    ns.view(), now);
   if (!env) return std::move(env).error();
-  prepared p;
-  p.out.subject = subjects::topic_subject(ns, msg.to);
-  p.out.msg_id = detail::dedup_id(env->from, env->to, env->id);
-  p.out.data = to_json(*env);
-  p.msg_id = std::move(env->id);
-  return p;
+  return prepare(ns, std::move(*env));
+}
+
+// Publishes what `prepare` made (or answers its error).
+void store(transport& t, result<prepared> p, completion<publish_result> done) {
+  if (!p) return done(std::move(p).error());
+  t.async_publish(std::move(p->out), [done = std::move(done),
+                                      id = std::move(p->msg_id)](result<publish_ack> ack) mutable {
+    if (!ack) return done(std::move(ack).error());
+    done(publish_result{.seq = ack->seq, .msg_id = std::move(id), .duplicate = ack->duplicate});
+  });
 }
 
 // What a subscription's callbacks share with its handle. The transport runs `handle` one
@@ -188,13 +205,11 @@ result<publish_result> topics::publish(topic_message msg) {
 }
 
 void topics::async_publish(topic_message msg, completion<publish_result> done) {
-  auto p = prepare(ns_, transport_->clock()->now(), std::move(msg));
-  if (!p) return done(std::move(p).error());
-  transport_->async_publish(std::move(p->out), [done = std::move(done), id = std::move(p->msg_id)](
-                                                   result<publish_ack> ack) mutable {
-    if (!ack) return done(std::move(ack).error());
-    done(publish_result{.seq = ack->seq, .msg_id = std::move(id), .duplicate = ack->duplicate});
-  });
+  store(*transport_, prepare(ns_, transport_->clock()->now(), std::move(msg)), std::move(done));
+}
+
+void topics::async_publish(sealed_envelope env, completion<publish_result> done) {
+  store(*transport_, prepare(ns_, std::move(env)), std::move(done));
 }
 
 result<std::unique_ptr<topic_subscription>> topics::subscribe(

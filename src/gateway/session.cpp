@@ -464,11 +464,12 @@ result<void> session::impl::check_body(std::string_view body) {
   return {};
 }
 
-result<envelope> session::impl::check_envelope(const identity& me, std::string to, std::string body,
-                                               std::string type, header_list headers,
-                                               std::string msg_id, std::string reply_to,
-                                               std::string correlation) {
-  auto sealed = detail::seal_envelope({.from = std::string(me.participant.view()),
+result<sealed_envelope> session::impl::check_envelope(const identity& me, std::string to,
+                                                      std::string body, std::string type,
+                                                      header_list headers, std::string msg_id,
+                                                      std::string reply_to,
+                                                      std::string correlation) {
+  auto sealed = sealed_envelope::seal({.from = std::string(me.participant.view()),
                                        .to = std::move(to),
                                        .body = std::move(body),
                                        .type = std::move(type),
@@ -478,14 +479,14 @@ result<envelope> session::impl::check_envelope(const identity& me, std::string t
                                        .correlation = std::move(correlation)},
                                       me.ns.view(), gw->clk->now());
   if (!sealed) return sealed.error();
-  if (!sealed->type.empty()) {
-    auto it = gw->body_schemas.find(sealed->type);
+  if (const auto& env = sealed->get(); !env.type.empty()) {
+    auto it = gw->body_schemas.find(env.type);
     if (it != gw->body_schemas.end()) {
-      if (auto r = it->second.validate(sealed->body); !r) {
+      if (auto r = it->second.validate(env.body); !r) {
         auto path = "/body" + r.error().path();
         return error(errc::invalid_envelope,
                      fmt::format("body does not match the schema of type {}: {}",
-                                 amp::quoted(sealed->type), r.error().message()),
+                                 amp::quoted(env.type), r.error().message()),
                      path);
       }
     }

@@ -196,10 +196,11 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   result<void> check_body(std::string_view body);
 
-  // The envelope rules and the body schema of the message's type (`invalid_envelope`).
-  result<envelope> check_envelope(const identity& me, std::string to, std::string body,
-                                  std::string type, header_list headers, std::string msg_id,
-                                  std::string reply_to = {}, std::string correlation = {});
+  // The envelope sealed (the envelope rules), then its body checked against the schema of
+  // its type (`invalid_envelope`).
+  result<sealed_envelope> check_envelope(const identity& me, std::string to, std::string body,
+                                         std::string type, header_list headers, std::string msg_id,
+                                         std::string reply_to = {}, std::string correlation = {});
 
   void on_send(request& rq);
 

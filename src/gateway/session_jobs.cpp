@@ -40,7 +40,7 @@ void session::impl::on_submit(request& rq) {
   auto started = std::chrono::steady_clock::now();
   st->b->jobs().async_submit({.job = job,
                               .from = me.participant,
-                              .body = std::move(env->body),
+                              .body = std::move(body),
                               .type = std::move(type),
                               .headers = std::move(headers),
                               .max_attempts = max_attempts,

@@ -34,15 +34,7 @@ void session::impl::on_send(request& rq) {
   if (!env) return fail(rq, env.error());
   auto spend = admit(rq, me, body.size());
   if (!spend) return;
-  st->b->inbox().async_send({.to = to,
-                             .from = env->from,
-                             .body = std::move(env->body),
-                             .type = env->type,
-                             .headers = env->headers,
-                             .msg_id = env->id,
-                             .reply_to = env->reply_to,
-                             .correlation = env->correlation},
-                            answer_later<send_result>(rq, *spend));
+  st->b->inbox().async_send(std::move(*env), answer_later<send_result>(rq, *spend));
 }
 
 void session::impl::on_ack(request& rq) {
@@ -85,13 +77,7 @@ void session::impl::on_publish(request& rq) {
   if (!env) return fail(rq, env.error());
   auto spend = admit(rq, me, body.size());
   if (!spend) return;
-  st->b->topics().async_publish({.to = t,
-                                 .from = env->from,
-                                 .body = std::move(env->body),
-                                 .type = env->type,
-                                 .headers = env->headers,
-                                 .msg_id = env->id},
-                                answer_later<publish_result>(rq, *spend));
+  st->b->topics().async_publish(std::move(*env), answer_later<publish_result>(rq, *spend));
 }
 
 result<replay_from> session::impl::replay_of(dom::element frame) {

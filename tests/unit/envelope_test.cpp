@@ -368,3 +368,57 @@ TEST_CASE("a ts finer than the millisecond is kept to the millisecond, so it rou
   CHECK(amp::format_timestamp(offset.ts) == "2026-06-30T23:59:59.999Z");
   CHECK(amp::parse_envelope(amp::to_json(offset)).value() == offset);
 }
+
+TEST_CASE("seal stamps id, ns and ts, minifies the body and writes the JSON once", "[envelope]") {
+  const auto now = amp::parse_timestamp("2026-12-03T10:00:00.123456Z").value();
+  auto sealed = amp::sealed_envelope::seal(
+                    {.from = "alice", .to = "bob", .body = R"({ "a" : [ 1, 2 ] })"}, "ns1", now)
+                    .value();
+  const auto& e = sealed.get();
+  CHECK(e.id.rfind("m_", 0) == 0);
+  CHECK(e.ns == "ns1");
+  CHECK(amp::format_timestamp(e.ts) == "2026-12-03T10:00:00.123Z");
+  CHECK(e.body == R"({"a":[1,2]})");
+  CHECK(sealed.json() == amp::to_json(e));
+  CHECK(amp::parse_envelope(sealed.json()).value() == e);
+  auto other =
+      amp::sealed_envelope::seal({.from = "alice", .to = "bob", .body = "1"}, "ns1", now).value();
+  CHECK(other.get().id != e.id);
+  auto kept = amp::sealed_envelope::seal(
+                  {.from = "$broker", .to = "bob", .body = "1", .msg_id = "mine"}, "ns1", now)
+                  .value();
+  CHECK(kept.get().id == "mine");
+  CHECK(
+      std::move(kept).json() ==
+      amp::to_json(
+          amp::parse_envelope(
+              R"({"id":"mine","from":"$broker","to":"bob","ns":"ns1","ts":"2026-12-03T10:00:00.123Z","body":1})")
+              .value()));
+}
+
+TEST_CASE("seal refuses in the spec's order: body, then names, then the envelope schema",
+          "[envelope]") {
+  const auto now = amp::parse_timestamp("2026-12-03T10:00:00Z").value();
+  auto code = [&](amp::envelope_parts p) {
+    auto r = amp::sealed_envelope::seal(std::move(p), "ns1", now);
+    REQUIRE_FALSE(r);
+    return r.error().code();
+  };
+  // Every part is wrong at once: the body is reported first.
+  CHECK(code({.from = "Bad", .to = "BAD", .body = "{", .reply_to = "Bad"}) ==
+        amp::errc::bad_request);
+  CHECK(code({.from = "alice", .to = "bob", .body = ""}) == amp::errc::bad_request);
+  CHECK(code({.from = "alice", .to = "bob", .body = "1 2"}) == amp::errc::bad_request);
+  CHECK(code({.from = "Bad", .to = "BAD", .body = "1", .reply_to = "Bad"}) ==
+        amp::errc::invalid_name);
+  CHECK(code({.from = "alice", .to = "bob", .body = "1", .reply_to = "Bad"}) ==
+        amp::errc::invalid_name);
+  auto r = amp::sealed_envelope::seal({.from = "alice", .to = "BAD", .body = "1"}, "ns1", now);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == amp::errc::invalid_envelope);
+  CHECK(r.error().path() == "/to");
+  r = amp::sealed_envelope::seal({.from = "alice", .to = "bob", .body = "1", .type = "\x01"}, "ns1",
+                                 now);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().path() == "/type");
+}

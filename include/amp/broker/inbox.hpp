@@ -166,6 +166,12 @@ class inbox {
   /// for invalid input) or on a transport thread, and must not block.
   void async_send(inbox_send msg, completion<send_result> done);
 
+  /// `async_send` of an envelope sealed already (`sealed_envelope::seal`): stored as it is,
+  /// without being checked or written again; `to` is the recipient. Errors, leaving nothing
+  /// stored: `bad_request` when it was sealed for another namespace; `invalid_name` ("to: …")
+  /// when its `to` is not a participant name; then the backend's, as for `send`.
+  void async_send(sealed_envelope env, completion<send_result> done);
+
   /// Attaches a receiver to `participant`'s inbox; `on_message` then gets every delivery
   /// to the participant, from what was waiting while it was away on. The first reader of
   /// a participant ensures its consumer (blocks; not from a callback).

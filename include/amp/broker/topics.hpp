@@ -137,6 +137,12 @@ class topics {
   /// memory transport does), otherwise on the transport's thread; it must not block.
   void async_publish(topic_message msg, completion<publish_result> done);
 
+  /// `async_publish` of an envelope sealed already (`sealed_envelope::seal`): stored as it
+  /// is, without being checked or written again; `to` is the topic. Errors, leaving nothing
+  /// stored: `bad_request` when it was sealed for another namespace; `invalid_name` ("to: …")
+  /// when its `to` is not a topic; then the backend's, as for `publish`.
+  void async_publish(sealed_envelope env, completion<publish_result> done);
+
   /// Subscribes to the events whose topic `pattern` matches, starting at `from`.
   ///
   /// `on_event` receives each matching event exactly once, in stream order, with no

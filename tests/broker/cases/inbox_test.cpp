@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -148,6 +149,67 @@ TEST_CASE("inbox: a message sent while the recipient is attached reaches it", "[
   CHECK(log.at(0).env.from == "$broker");
   CHECK(log.at(0).env.body == R"("system")");
   must(reader->ack(sent.seq));
+}
+
+result<send_result> send_sealed(inbox& box, sealed_envelope env) {
+  std::promise<result<send_result>> answer;
+  box.async_send(std::move(env), [&](result<send_result> r) { answer.set_value(std::move(r)); });
+  return answer.get_future().get();
+}
+
+TEST_CASE("inbox: a sealed envelope is stored as it was sealed, deduplicated as a send is",
+          "[inbox]") {
+  setup s;
+  auto now = s.fx->transport().clock()->now();
+  auto sealed = must(sealed_envelope::seal({.from = "alice",
+                                            .to = "bob",
+                                            .body = R"({ "n" : [1, 2] })",
+                                            .type = "note.x",
+                                            .headers = {{"k", "v"}},
+                                            .msg_id = "m-7",
+                                            .reply_to = "alice",
+                                            .correlation = "c-1"},
+                                           s.cfg.ns.view(), now));
+  const envelope expected = sealed.get();
+  CHECK(expected.body == R"({"n":[1,2]})");
+  CHECK(expected.ns == s.cfg.ns.str());
+  CHECK(must(parse_envelope(sealed.json())) == expected);
+  auto sent = must(send_sealed(*s.box, sealed));
+  CHECK(sent.msg_id == "m-7");
+  CHECK_FALSE(sent.duplicate);
+  auto again = must(send_sealed(*s.box, sealed));
+  CHECK(again.duplicate);
+  CHECK(again.seq == sent.seq);
+  // The same message sent the unsealed way is the same message: stored once.
+  auto plain = must(s.box->send(note("bob", "alice", "1", "m-7")));
+  CHECK(plain.duplicate);
+  inbox_log log;
+  auto reader = must(s.box->attach(pname("bob"), log.callback()));
+  REQUIRE(log.reaches(1));
+  CHECK(log.at(0).seq == sent.seq);
+  CHECK(log.at(0).env == expected);
+  must(reader->ack(sent.seq));
+  quiet_period(*s.fx);
+  CHECK(log.size() == 1);
+}
+
+TEST_CASE("inbox: a sealed envelope for another namespace or a non-participant stores nothing",
+          "[inbox]") {
+  setup s;
+  auto now = s.fx->transport().clock()->now();
+  auto elsewhere =
+      must(sealed_envelope::seal({.from = "alice", .to = "bob", .body = "1"}, "elsewhere", now));
+  auto r = send_sealed(*s.box, elsewhere);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::bad_request);
+  CHECK(r.error().message().find("elsewhere") != std::string::npos);
+  auto to_topic = must(
+      sealed_envelope::seal({.from = "alice", .to = "news.eu", .body = "1"}, s.cfg.ns.view(), now));
+  r = send_sealed(*s.box, to_topic);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::invalid_name);
+  CHECK(r.error().message().rfind("to: ", 0) == 0);
+  CHECK(stored_messages(*s.fx, s.cfg) == 0);
 }
 
 TEST_CASE("inbox: a repeated msg_id from the same sender to the same recipient is stored once",

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <future>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -210,6 +211,40 @@ TEST_CASE("publish stores the envelope on the topic and returns its stream seque
   CHECK(events[1].env.from == "bob");
   CHECK(events[2].env.from == "$broker");
   CHECK(events[2].env.body == "null");
+}
+
+result<publish_result> publish_sealed(topics& tp, sealed_envelope env) {
+  std::promise<result<publish_result>> answer;
+  tp.async_publish(std::move(env),
+                   [&](result<publish_result> r) { answer.set_value(std::move(r)); });
+  return answer.get_future().get();
+}
+
+TEST_CASE("a sealed envelope is published as it was sealed, and refused for another namespace",
+          "[topics]") {
+  auto fx = make_fixture();
+  auto [config, tp] = open_topics(*fx);
+  auto now = fx->transport().clock()->now();
+  auto sealed = must(sealed_envelope::seal(
+      {.from = "alice", .to = "news.eu", .body = R"([ 1, 2 ])", .type = "news.item"},
+      config.ns.view(), now));
+  const envelope expected = sealed.get();
+  auto elsewhere = must(
+      sealed_envelope::seal({.from = "alice", .to = "news.eu", .body = "1"}, "elsewhere", now));
+  auto refused = publish_sealed(*tp, elsewhere);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code() == errc::bad_request);
+  CHECK(last_stored(*fx, *tp) == 0);
+
+  auto r = must(publish_sealed(*tp, sealed));
+  CHECK(r.seq == 1);
+  CHECK(r.msg_id == expected.id);
+  CHECK(must(publish_sealed(*tp, sealed)).duplicate);
+  auto stored = must(fx->transport().get_message(tp->stream(), 1));
+  CHECK(stored.subject == subjects::topic_subject(config.ns, tname("news.eu")));
+  CHECK(stored.data == sealed.json());
+  CHECK(must(parse_envelope(stored.data)) == expected);
+  CHECK(last_stored(*fx, *tp) == 1);
 }
 
 TEST_CASE("a repeated msg_id from the same sender on the same topic is stored once", "[topics]") {
