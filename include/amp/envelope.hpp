@@ -86,14 +86,19 @@ class sealed_envelope {
   /// not exactly one JSON value; `invalid_name` ("from: …", "reply_to: …") when `from` is
   /// neither a participant name nor `$broker`, or `reply_to` is not a participant name; then
   /// the envelope schema (`invalid_envelope` naming the failing member, as
-  /// `parse_envelope`). The body is kept minified. Thread-safe.
+  /// `parse_envelope`). The body is kept minified. `ts` is `now` as given: the moment the
+  /// sealer (the gateway, for a frame) accepted the message. Thread-safe.
   static result<sealed_envelope> seal(envelope_parts parts, std::string_view ns, time_point now);
 
   /// The envelope; `parse_envelope(json()) == get()`.
   const envelope& get() const noexcept { return env_; }
   /// `to_json(get())`.
   const std::string& json() const& noexcept { return json_; }
-  std::string json() && noexcept { return std::move(json_); }
+  /// Takes the text, and leaves this sealed envelope empty: a primitive refuses it then.
+  std::string json() && {
+    env_ = {};
+    return std::move(json_);
+  }
 
  private:
   sealed_envelope(envelope env, std::string json) : env_(std::move(env)), json_(std::move(json)) {}

@@ -123,6 +123,9 @@ std::string dedup_id(std::string_view from, std::string_view to, std::string_vie
 }
 
 result<void> check_sealed_for(const sealed_envelope& env, const namespace_name& ns) {
+  if (env.json().empty()) {
+    return unexpected(errc::bad_request, "the sealed envelope is empty (its text was taken)");
+  }
   if (env.get().ns == ns.view()) return {};
   return unexpected(errc::bad_request,
                     fmt::format("the envelope was sealed for namespace {}, not {}",

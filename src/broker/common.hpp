@@ -62,7 +62,7 @@ std::string unique_id(std::string_view prefix, time_point now);
 // The `Nats-Msg-Id` that makes `msg_id` deduplicate per sender and destination.
 std::string dedup_id(std::string_view from, std::string_view to, std::string_view msg_id);
 
-// `bad_request` unless `env` was sealed for namespace `ns`.
+// `bad_request` unless `env` was sealed for namespace `ns` (and still holds its text).
 result<void> check_sealed_for(const sealed_envelope& env, const namespace_name& ns);
 
 // Writes a task's error as `{"code","message"}`, or null.

@@ -23,6 +23,9 @@ result<prepared> prepare(const namespace_name& ns, sealed_envelope env) {
   if (auto r = detail::check_sealed_for(env, ns); !r) return r.error();
   auto to = topic::make(env.get().to);
   if (!to) return unexpected(errc::invalid_name, "to: " + to.error().message());
+  if (!env.get().reply_to.empty() || !env.get().correlation.empty()) {
+    return unexpected(errc::bad_request, "a topic event has no reply_to or correlation");
+  }
   prepared p;
   p.out.subject = subjects::topic_subject(ns, *to);
   p.out.msg_id = detail::dedup_id(env.get().from, env.get().to, env.get().id);

@@ -1,5 +1,6 @@
 // The gateway of one process: configuration, namespaces, offers, presence fan-out,
-// readiness, metrics and shutdown. The protocol of a session is in session.cpp.
+// readiness, metrics and shutdown. The protocol of a session is in session_impl.hpp and the
+// session*.cpp files it names.
 
 #include <algorithm>
 #include <chrono>

@@ -387,9 +387,9 @@ void session::impl::process(std::string_view text, std::shared_ptr<void> hold) {
   }
 }
 
-const std::array<session::impl::op_spec, 19>& session::impl::ops() {
+std::span<const session::impl::op_spec> session::impl::ops() {
   using L = lane_rule;
-  static constexpr std::array<op_spec, 19> table{{
+  static constexpr op_spec table[] = {
       {"hello", L::barrier, 0, &impl::on_hello},
       {"register", L::barrier, registry_op_cost, &impl::on_register},
       {"heartbeat", L::task, 1, &impl::on_heartbeat},
@@ -409,7 +409,7 @@ const std::array<session::impl::op_spec, 19>& session::impl::ops() {
       {"fail", L::task, 1, &impl::on_fail},
       {"cancel", L::task, 1, &impl::on_cancel},
       {"task", L::task, 1, &impl::on_task},
-  }};
+  };
   return table;
 }
 

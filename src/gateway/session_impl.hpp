@@ -11,13 +11,17 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -154,7 +158,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   };
 
   // Every op a client may send.
-  static const std::array<op_spec, 19>& ops();
+  static std::span<const op_spec> ops();
   // The op named `name`; null when there is none.
   static const op_spec* find_op(std::string_view name);
 

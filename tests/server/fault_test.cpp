@@ -1288,7 +1288,7 @@ TEST_CASE(
 // revision 1261 where the leader has 1204, for a record written once). A direct get, which
 // any replica may answer, then gives a revision the leader refuses in every compare-and-set;
 // the transport reads a key from the leader after a refused one (read_from_leader in
-// jetstream_transport.cpp). Should a task still never complete, the tallies print the
+// src/transport/jetstream/kv.cpp). Should a task still never complete, the tallies print the
 // revision each node's direct get returns for it beside the leader's. The leader is killed
 // twice, the second time once the first victim has caught up; when it does not (its
 // replica of the job consumer can stay out for good on 2.9.10), the second kill is skipped

@@ -168,7 +168,8 @@ class inbox {
 
   /// `async_send` of an envelope sealed already (`sealed_envelope::seal`): stored as it is,
   /// without being checked or written again; `to` is the recipient. Errors, leaving nothing
-  /// stored: `bad_request` when it was sealed for another namespace; `invalid_name` ("to: …")
+  /// stored: `bad_request` when it was sealed for another namespace or is empty (its text
+  /// taken); `invalid_name` ("to: …")
   /// when its `to` is not a participant name; then the backend's, as for `send`.
   void async_send(sealed_envelope env, completion<send_result> done);
 

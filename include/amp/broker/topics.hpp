@@ -139,8 +139,10 @@ class topics {
 
   /// `async_publish` of an envelope sealed already (`sealed_envelope::seal`): stored as it
   /// is, without being checked or written again; `to` is the topic. Errors, leaving nothing
-  /// stored: `bad_request` when it was sealed for another namespace; `invalid_name` ("to: …")
-  /// when its `to` is not a topic; then the backend's, as for `publish`.
+  /// stored: `bad_request` when it was sealed for another namespace, is empty (its text
+  /// taken) or has a `reply_to` or `correlation` (a topic event has neither);
+  /// `invalid_name` ("to: …") when its `to` is not a topic; then the backend's, as for
+  /// `publish`.
   void async_publish(sealed_envelope env, completion<publish_result> done);
 
   /// Subscribes to the events whose topic `pattern` matches, starting at `from`.

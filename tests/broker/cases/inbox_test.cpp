@@ -193,8 +193,9 @@ TEST_CASE("inbox: a sealed envelope is stored as it was sealed, deduplicated as 
   CHECK(log.size() == 1);
 }
 
-TEST_CASE("inbox: a sealed envelope for another namespace or a non-participant stores nothing",
-          "[inbox]") {
+TEST_CASE(
+    "inbox: a sealed envelope for another namespace, a non-participant or emptied stores nothing",
+    "[inbox]") {
   setup s;
   auto now = s.fx->transport().clock()->now();
   auto elsewhere =
@@ -209,6 +210,12 @@ TEST_CASE("inbox: a sealed envelope for another namespace or a non-participant s
   REQUIRE_FALSE(r);
   CHECK(r.error().code() == errc::invalid_name);
   CHECK(r.error().message().rfind("to: ", 0) == 0);
+  auto taken = must(
+      sealed_envelope::seal({.from = "alice", .to = "bob", .body = "1"}, s.cfg.ns.view(), now));
+  CHECK_FALSE(std::string(std::move(taken).json()).empty());
+  r = send_sealed(*s.box, std::move(taken));  // emptied by json() &&
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::bad_request);
   CHECK(stored_messages(*s.fx, s.cfg) == 0);
 }
 

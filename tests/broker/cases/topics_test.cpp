@@ -220,8 +220,10 @@ result<publish_result> publish_sealed(topics& tp, sealed_envelope env) {
   return answer.get_future().get();
 }
 
-TEST_CASE("a sealed envelope is published as it was sealed, and refused for another namespace",
-          "[topics]") {
+TEST_CASE(
+    "a sealed envelope is published as it was sealed, refused for another namespace or with "
+    "reply_to",
+    "[topics]") {
   auto fx = make_fixture();
   auto [config, tp] = open_topics(*fx);
   auto now = fx->transport().clock()->now();
@@ -232,6 +234,12 @@ TEST_CASE("a sealed envelope is published as it was sealed, and refused for anot
   auto elsewhere = must(
       sealed_envelope::seal({.from = "alice", .to = "news.eu", .body = "1"}, "elsewhere", now));
   auto refused = publish_sealed(*tp, elsewhere);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code() == errc::bad_request);
+  auto answering = must(sealed_envelope::seal(
+      {.from = "alice", .to = "news.eu", .body = "1", .reply_to = "alice", .correlation = "c"},
+      config.ns.view(), now));
+  refused = publish_sealed(*tp, answering);
   REQUIRE_FALSE(refused);
   CHECK(refused.error().code() == errc::bad_request);
   CHECK(last_stored(*fx, *tp) == 0);
