@@ -952,7 +952,13 @@ void job_queue::async_complete(const task_id& task, const participant_name& who,
     return done(unexpected(errc::bad_request, "result: " + r.error().message()));
   }
   auto rec = s_->written_for(task.view(), who, attempt);
-  if (!rec) return done(s_->complete_from(task, who, result_json, attempt, 1));
+  if (!rec) {
+    // Not written through this job queue: read it first, which blocks, so on the executor.
+    return s_->post(
+        [s = s_, task, who, result_json = std::move(result_json), attempt, done = std::move(done)] {
+          done(s->complete_from(task, who, result_json, attempt, 1));
+        });
+  }
   if (auto answer = s_->completing(*rec, task, who, result_json, attempt)) {
     return done(std::move(*answer));
   }

@@ -75,13 +75,17 @@ std::string task_push(std::string_view op, const task_id& task) {
 void gateway::impl::post(std::function<void()> work) {
   in_flight.fetch_add(1);
   run([self = shared_from_this(), work = std::move(work)] {
-    try {
-      work();
-    } catch (const std::exception& e) {
-      self->log("error", "internal", fmt::format("\"what\":{}", json_quote(e.what())));
-    }
+    self->run_here(work);
     self->in_flight.fetch_sub(1);
   });
+}
+
+void gateway::impl::run_here(const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const std::exception& e) {
+    log("error", "internal", fmt::format("\"what\":{}", json_quote(e.what())));
+  }
 }
 
 void gateway::impl::log(std::string_view level, std::string_view event, std::string_view fields) {

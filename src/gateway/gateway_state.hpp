@@ -107,6 +107,8 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
 
   // Runs `work` on the executor, counted in `in_flight` (shutdown waits for it).
   void post(std::function<void()> work);
+  // Runs `work` on this thread, an exception logged as `post` does.
+  void run_here(const std::function<void()>& work);
   // The namespace, its broker opened on first use. Blocks.
   result<std::shared_ptr<detail::ns_state>> ns_for(const namespace_name& ns);
   // Offers work of `job` to the free slots of the sessions of `ns`.

@@ -241,11 +241,14 @@ void session::impl::classify(inbound_frame& f) {
   thread_local dom::parser parser;
   detail::parser_release release(parser);
   dom::element frame;
-  if (parser.parse(f.item.data(), f.item.size()).get(frame) || !frame.is_object()) return;
+  if (parser.parse(f.item.text.data(), f.item.text.size()).get(frame) || !frame.is_object()) {
+    return;
+  }
   auto name = string_at(frame, "op");
   if (!name) return;
   const op_spec* op = find_op(*name);
   if (!op) return;
+  f.item.on_caller = op->on_caller;
   auto lane_of = [&](std::string_view member) {
     auto v = string_at(frame, member);
     if (!v) return;
@@ -263,7 +266,8 @@ void session::impl::classify(inbound_frame& f) {
 
 void session::impl::receive(std::string_view text) {
   if (ended) return;
-  inbound_frame f{.item = std::string(text), .barrier = true, .lane = {}, .bytes = text.size()};
+  inbound_frame f{
+      .item = {.text = std::string(text)}, .barrier = true, .lane = {}, .bytes = text.size()};
   classify(f);
   auto start = frames->push(std::move(f));
   if (!start) {
@@ -272,25 +276,32 @@ void session::impl::receive(std::string_view text) {
     gw->log("warn", "inbound_overflow", fmt::format("\"session\":{}", json_quote(id)));
     return;
   }
-  run(std::move(*start));
+  run(std::move(*start), true);
 }
 
-void session::impl::run(std::vector<inbound_frame> start) {
+void session::impl::run(std::vector<inbound_frame> start, bool from_receive) {
   for (auto& f : start) {
-    gw->post([self = shared_from_this(), f = std::move(f)]() mutable {
-      // The frame is finished when its answer is: at the end of `process`, or later, when
-      // an asynchronous operation lets go of its copy of `hold`.
-      // Counted in `in_flight` like executor work, so that shutdown waits for the answer.
-      self->gw->in_flight.fetch_add(1);
-      std::shared_ptr<void> hold(nullptr,
-                                 [self, barrier = f.barrier, lane = std::move(f.lane)](void*) {
-                                   self->run(self->frames->finished(barrier, lane));
-                                   self->gw->in_flight.fetch_sub(1);
-                                 });
-      self->process(f.item, std::move(hold));
-      self->run(self->frames->left_thread());
-    });
+    if (from_receive && f.item.on_caller) {
+      gw->run_here([&] { this->start(std::move(f)); });
+    } else {
+      gw->post(
+          [self = shared_from_this(), f = std::move(f)]() mutable { self->start(std::move(f)); });
+    }
   }
+}
+
+void session::impl::start(inbound_frame f) {
+  // The frame is finished when its answer is: at the end of `process`, or later, when an
+  // asynchronous operation lets go of its copy of `hold`.
+  // Counted in `in_flight` like executor work, so that shutdown waits for the answer.
+  gw->in_flight.fetch_add(1);
+  auto self = shared_from_this();
+  std::shared_ptr<void> hold(nullptr, [self, barrier = f.barrier, lane = std::move(f.lane)](void*) {
+    self->run(self->frames->finished(barrier, lane));
+    self->gw->in_flight.fetch_sub(1);
+  });
+  process(f.item.text, std::move(hold));
+  run(frames->left_thread());
 }
 
 void session::impl::process(std::string_view text, std::shared_ptr<void> hold) {
@@ -397,15 +408,15 @@ std::span<const session::impl::op_spec> session::impl::ops() {
       {"watch", L::barrier, registry_op_cost, &impl::on_watch},
       {"bye", L::barrier, 0, &impl::on_bye},
       {"send", L::to, 0, &impl::on_send},
-      {"ack", L::none, 1, &impl::on_ack},
-      {"nack", L::none, 1, &impl::on_ack},
+      {"ack", L::none, 1, &impl::on_ack, true},
+      {"nack", L::none, 1, &impl::on_ack, true},
       {"publish", L::topic, 0, &impl::on_publish},
       {"subscribe", L::barrier, 1, &impl::on_subscribe},
       {"unsubscribe", L::barrier, 1, &impl::on_unsubscribe},
-      {"submit", L::none, 0, &impl::on_submit},
-      {"claim", L::task, 1, &impl::on_claim},
+      {"submit", L::none, 0, &impl::on_submit, true},
+      {"claim", L::task, 1, &impl::on_claim, true},
       {"decline", L::task, 1, &impl::on_decline},
-      {"complete", L::task, 1, &impl::on_complete},
+      {"complete", L::task, 1, &impl::on_complete, true},
       {"fail", L::task, 1, &impl::on_fail},
       {"cancel", L::task, 1, &impl::on_cancel},
       {"task", L::task, 1, &impl::on_task},
@@ -425,14 +436,17 @@ std::pair<identity, std::shared_ptr<detail::ns_state>> session::impl::who() {
   return {*ident, ns};
 }
 
+bool session::impl::take_rate(const request& rq, const identity& me, std::size_t body_bytes) {
+  auto verdict = gw->pol->take_rate(me.ns, me.participant, body_bytes);
+  if (verdict.allowed) return true;
+  fail(rq, error(errc::rate_limited, verdict.message), verdict.retry_after.count());
+  return false;
+}
+
 std::optional<budget_spend> session::impl::admit(
     const request& rq, const identity& me, std::size_t body_bytes,
     const std::function<result<bool>()>& count_budget) {
-  auto verdict = gw->pol->take_rate(me.ns, me.participant, body_bytes);
-  if (!verdict.allowed) {
-    fail(rq, error(errc::rate_limited, verdict.message), verdict.retry_after.count());
-    return std::nullopt;
-  }
+  if (!take_rate(rq, me, body_bytes)) return std::nullopt;
   if (count_budget) {
     auto counts = count_budget();
     if (!counts) {

@@ -78,7 +78,11 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // Frames waiting for the executor and running on it, by lane (see `classify`): frames of
   // one lane run one at a time in the order they came; a frame without a lane (`barrier`)
   // runs alone; frames of different lanes run at once (up to k_max_running of a session).
-  using frame_lanes = detail::lanes<std::string>;
+  struct queued_frame {
+    std::string text;
+    bool on_caller = false;  // its op never waits for the backend (op_spec::on_caller)
+  };
+  using frame_lanes = detail::lanes<queued_frame>;
   using inbound_frame = frame_lanes::entry;
   std::unique_ptr<frame_lanes> frames;  // set by new_session
 
@@ -155,6 +159,10 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     lane_rule lane;
     double cost;
     void (impl::*handle)(request&);
+    // The handler never waits for the backend on its thread (it answers at once, from a
+    // completion, or hands what waits to the executor): a frame that may start when it
+    // arrives runs on the thread that received it, without a hop through the executor.
+    bool on_caller = false;
   };
 
   // Every op a client may send.
@@ -165,12 +173,17 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // ---- inbound --------------------------------------------------------------------------
 
   // Which lane a frame goes to: its op's `lane_rule`; a frame that is not an object with a
-  // known op is a barrier.
+  // known op is a barrier. Also whether it may run on the caller's thread (`on_caller`).
   static void classify(inbound_frame& f);
 
   void receive(std::string_view text);
 
-  void run(std::vector<inbound_frame> start);
+  // Starts frames that may run: on the executor, or, with `from_receive` (the thread that
+  // received them), at once there for ops that never wait for the backend.
+  void run(std::vector<inbound_frame> start, bool from_receive = false);
+
+  // Runs `f` through `process`; lets the frames waiting for it go when its answer is out.
+  void start(inbound_frame f);
 
   void process(std::string_view text, std::shared_ptr<void> hold);
 
@@ -195,6 +208,8 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // resubmission), or fail the request itself (then it returns an error).
   std::optional<budget_spend> admit(const request& rq, const identity& me, std::size_t body_bytes,
                                     const std::function<result<bool>()>& count_budget = {});
+  // The rate part of `admit`: false (and answered rate_limited) when the rate refuses.
+  bool take_rate(const request& rq, const identity& me, std::size_t body_bytes);
 
   void refund(const budget_spend& spend);
 
@@ -281,6 +296,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   void on_submit(request& rq);
 
+  // Stores an admitted submit and answers it from the backend's completion.
+  void submit(const request& rq, detail::ns_state& st, submit_request req,
+              const budget_spend& spend);
   void answer_submitted(const request& rq, const submit_result& submitted);
 
   // Takes the open offer of `task` away from this session, cancelling its lapse timer.

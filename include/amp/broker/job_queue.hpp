@@ -207,8 +207,10 @@ class job_queue {
   result<completion_result> complete(const task_id& task, const participant_name& who,
                                      std::string result_json,
                                      std::optional<int> attempt = std::nullopt);
-  /// `complete`, asynchronously: `done` runs on a transport thread or on the executor. A
-  /// lease not held through this job queue is completed blocking, on the calling thread.
+  /// `complete`, asynchronously: `done` runs on a transport thread, on the executor (a
+  /// lease not held through this job queue is completed there, blocking), or at once on the
+  /// calling thread when the answer needs no write (a stale attempt, say). Never blocks the
+  /// calling thread.
   void async_complete(const task_id& task, const participant_name& who, std::string result_json,
                       std::optional<int> attempt, completion<completion_result> done);
   /// Fails the current attempt: back to `queued` after `retry_delay` when `retry` and

@@ -52,7 +52,8 @@ TEST_CASE("ops on one task share its lane, sends keep order per recipient, publi
 
 TEST_CASE("frames are classified into lanes by their op's rule", "[session][ops]") {
   auto lane = [](std::string text) {
-    impl::inbound_frame f{.item = std::move(text), .barrier = true, .lane = {}, .bytes = 0};
+    impl::inbound_frame f{
+        .item = {.text = std::move(text)}, .barrier = true, .lane = {}, .bytes = 0};
     impl::classify(f);
     return f.barrier ? std::string("barrier") : f.lane.empty() ? std::string("none") : f.lane;
   };
@@ -68,6 +69,27 @@ TEST_CASE("frames are classified into lanes by their op's rule", "[session][ops]
   CHECK(lane(R"({"op":"unknown"})") == "barrier");
   CHECK(lane(R"([1,2])") == "barrier");
   CHECK(lane("not json") == "barrier");
+}
+
+TEST_CASE("only ops that never wait for the backend run on the thread that received them",
+          "[session][ops]") {
+  std::set<std::string_view> on_caller;
+  for (const auto& op : impl::ops()) {
+    if (op.on_caller) on_caller.insert(op.name);
+  }
+  CHECK(on_caller == std::set<std::string_view>{"ack", "nack", "submit", "claim", "complete"});
+  auto classified = [](std::string text) {
+    impl::inbound_frame f{
+        .item = {.text = std::move(text)}, .barrier = true, .lane = {}, .bytes = 0};
+    impl::classify(f);
+    return f.item.on_caller;
+  };
+  CHECK(classified(R"({"op":"claim","task":"t1"})"));
+  CHECK(classified(R"({"op":"ack","seq":1})"));
+  CHECK_FALSE(classified(R"({"op":"heartbeat","task":"t1"})"));
+  CHECK(classified(R"({"op":"submit","job":"j"})"));
+  CHECK_FALSE(classified(R"({"op":"send","to":"bob"})"));
+  CHECK_FALSE(classified("not json"));
 }
 
 }  // namespace

@@ -883,9 +883,10 @@ TEST_CASE("frames of a session run concurrently across lanes, in order within on
   auto alice = connect_through(pool, rig, "alice");
   auto bob = connect_through(pool, rig, "bob");
 
-  // Two submits keep no order: run newest first, their replies come newest first.
-  alice.send(R"({"op":"submit","id":1,"job":"j","body":1})");
-  alice.send(R"({"op":"submit","id":2,"job":"j","body":2})");
+  // Two submits keep no order: run newest first, their replies come newest first (with
+  // idempotency keys: without, a submit does not wait for the executor).
+  alice.send(R"({"op":"submit","id":1,"job":"j","body":1,"idempotency_key":"k1"})");
+  alice.send(R"({"op":"submit","id":2,"job":"j","body":2,"idempotency_key":"k2"})");
   pool.drain();
   CHECK(ids_of(alice, "ok") == std::vector<std::string>{"2", "1"});
   alice.seen.clear();
@@ -909,6 +910,44 @@ TEST_CASE("frames of a session run concurrently across lanes, in order within on
   alice.send(R"({"op":"submit","id":7,"job":"j","body":7})");
   pool.drain();
   CHECK(ids_of(alice, "ok") == std::vector<std::string>{"5", "6", "7"});
+}
+
+TEST_CASE("ops that never wait for the backend run on the receiving thread, in their lane's order",
+          "[session]") {
+  lifo_executor pool;
+  gateway_rig rig({}, 4u << 20, pool.run());
+  auto alice = connect_through(pool, rig, "alice");
+
+  // ack and claim are answered before receive returns, with nothing left to the executor.
+  alice.send(R"({"op":"ack","id":1,"seq":99})");
+  alice.send(R"({"op":"claim","id":2,"task":"t_1"})");
+  CHECK(pool.queue->empty());
+  CHECK(ids_of(alice, "error") == std::vector<std::string>{"1", "2"});
+  for (auto& f : alice.seen) CHECK(f.code() == "not_found");
+  alice.seen.clear();
+
+  // So is a submit without an idempotency key; one with a key finds its binding on the
+  // executor, as any other op runs there.
+  alice.send(R"({"op":"submit","id":7,"job":"j","body":1})");
+  CHECK(pool.queue->empty());
+  CHECK(ids_of(alice, "ok") == std::vector<std::string>{"7"});
+  alice.seen.clear();
+  alice.send(R"({"op":"submit","id":8,"job":"j","body":1,"idempotency_key":"k"})");
+  alice.send(R"({"op":"who","id":3})");
+  CHECK(pool.queue->size() == 1);  // the keyed submit; `who` waits for it (a barrier)
+  CHECK(ids_of(alice, "ok").empty());
+  pool.drain();
+  CHECK(ids_of(alice, "ok") == std::vector<std::string>{"8", "3"});
+  alice.seen.clear();
+
+  // A claim behind a heartbeat on the same task waits for it, then runs on the executor.
+  alice.send(R"({"op":"heartbeat","id":4,"task":"t_2"})");
+  alice.send(R"({"op":"claim","id":5,"task":"t_2"})");
+  alice.send(R"({"op":"complete","id":6,"task":"t_2","result":1})");
+  CHECK(pool.queue->size() == 1);
+  CHECK(ids_of(alice, "error").empty());
+  pool.drain();
+  CHECK(ids_of(alice, "error") == std::vector<std::string>{"4", "5", "6"});
 }
 
 TEST_CASE("one session has at most a quarter of the executor's threads, however many frames",
