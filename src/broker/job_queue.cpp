@@ -839,6 +839,11 @@ void job_queue::async_fetch(const job_name& job, std::size_t n, duration max_wai
                      });
 }
 
+bool job_queue::fetch_ready(const job_name& job) const {
+  std::lock_guard lock(s_->mu);
+  return s_->consumers.contains(job.view());
+}
+
 result<lease> job_queue::claim(const offer& o, const participant_name& who) {
   auto r = s_->claim_record(o, who);
   if (!r) return r.error();

@@ -209,6 +209,11 @@ void session::impl::on_complete(request& rq) {
         if (done->duplicate) w.key("duplicate").boolean(true);
         w.end_object();
         self->reply_members(rq, w.take());
+        // The freed slot is offered more work at once, unless setting its job up for
+        // fetching would block this (the transport's) thread.
+        auto job = job_name::make(done->task.job);
+        if (job && st->b->jobs().fetch_ready(*job))
+          return self->lease_over(st, t.view(), job->view());
         self->gw->post(
             [self, st, t, job = done->task.job] { self->lease_over(st, t.view(), job); });
       });

@@ -161,6 +161,9 @@ class job_queue {
   /// The same, completing on the executor.
   void async_fetch(const job_name& job, std::size_t n, duration max_wait,
                    completion<std::vector<offer>> done);
+  /// Whether fetches of `job` need no setup any more (its consumer was made by an earlier
+  /// fetch): then `async_fetch` does not block its caller. Any thread.
+  bool fetch_ready(const job_name& job) const;
 
   /// Claims an offered task for `who`: attempt + 1, lease until now + the job's lease.
   /// Errors: `not_found` when the offer lapsed; `conflict` when the task moved on (another
