@@ -916,6 +916,11 @@ bool job_queue::holds(const task_id& task, const participant_name& who) const {
   return it != s_->leases.end() && it->second.holder == who;
 }
 
+bool job_queue::completes_from_written(const task_id& task, const participant_name& who,
+                                       std::optional<int> attempt) const {
+  return s_->written_for(task.view(), who, attempt).has_value();
+}
+
 std::vector<job_queue::heartbeat_outcome> job_queue::heartbeat_all(const participant_name& who) {
   std::vector<heartbeat_outcome> out;
   for (auto& task : leases_of(who)) {
@@ -958,7 +963,8 @@ void job_queue::async_complete(const task_id& task, const participant_name& who,
   }
   auto rec = s_->written_for(task.view(), who, attempt);
   if (!rec) {
-    // Not written through this job queue: read it first, which blocks, so on the executor.
+    // Not written for a live lease here (see completes_from_written): read it first, which
+    // blocks, so on the executor.
     return s_->post(
         [s = s_, task, who, result_json = std::move(result_json), attempt, done = std::move(done)] {
           done(s->complete_from(task, who, result_json, attempt, 1));

@@ -281,13 +281,34 @@ void session::impl::receive(std::string_view text) {
 
 void session::impl::run(std::vector<inbound_frame> start, bool from_receive) {
   for (auto& f : start) {
-    if (from_receive && f.item.on_caller) {
+    if (from_receive && f.item.on_caller && runs_here(f.item.text)) {
       gw->run_here([&] { this->start(std::move(f)); });
     } else {
       gw->post(
           [self = shared_from_this(), f = std::move(f)]() mutable { self->start(std::move(f)); });
     }
   }
+}
+
+bool session::impl::runs_here(std::string_view text) {
+  thread_local dom::parser parser;
+  detail::parser_release release(parser);
+  dom::element frame;
+  if (parser.parse(text.data(), text.size()).get(frame)) return true;  // refused at once
+  auto op = string_or_empty(frame, "op");
+  if (op == "submit") return string_or_empty(frame, "idempotency_key").empty();
+  if (op != "complete") return true;
+  std::shared_ptr<detail::ns_state> st;
+  std::optional<participant_name> me;
+  {
+    std::lock_guard lock(mu);
+    if (!ident || !ns) return true;  // refused at once
+    st = ns;
+    me = ident->participant;
+  }
+  auto t = task_id::make(string_or_empty(frame, "task"));
+  if (!t) return true;  // refused at once
+  return st->b->jobs().completes_from_written(*t, *me, attempt_of(frame));
 }
 
 void session::impl::start(inbound_frame f) {

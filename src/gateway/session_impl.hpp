@@ -159,9 +159,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     lane_rule lane;
     double cost;
     void (impl::*handle)(request&);
-    // The handler never waits for the backend on its thread (it answers at once, from a
-    // completion, or hands what waits to the executor): a frame that may start when it
-    // arrives runs on the thread that received it, without a hop through the executor.
+    // The handler never waits for the backend (it answers at once or from a completion),
+    // except in the cases `runs_here` tells apart: a frame that may start when it arrives
+    // runs on the thread that received it, without a hop through the executor.
     bool on_caller = false;
   };
 
@@ -181,6 +181,12 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // Starts frames that may run: on the executor, or, with `from_receive` (the thread that
   // received them), at once there for ops that never wait for the backend.
   void run(std::vector<inbound_frame> start, bool from_receive = false);
+
+  // Whether a frame of an `on_caller` op may run on the receiving thread after all: not a
+  // submit with an idempotency key (finding its binding blocks), nor a complete of a lease
+  // whose record this gateway did not write for it (reading the record blocks). They run on
+  // the executor, within the session's share of its threads.
+  bool runs_here(std::string_view text);
 
   // Runs `f` through `process`; lets the frames waiting for it go when its answer is out.
   void start(inbound_frame f);

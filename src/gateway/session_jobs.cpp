@@ -40,24 +40,25 @@ void session::impl::on_submit(request& rq) {
     return gw->pol->async_spend_budget(me.ns, me.participant,
                                        [self = shared_from_this(), rq = later(rq), st,
                                         req = std::move(req)](result<budget_spend> spend) mutable {
-                                         if (!spend) return self->fail(rq, spend.error());
-                                         self->submit(rq, *st, std::move(req), *spend);
+                                         // On the thread of whichever spend drives the counter:
+                                         // nothing may escape to it.
+                                         self->gw->run_here([&] {
+                                           if (!spend) return self->fail(rq, spend.error());
+                                           self->submit(rq, *st, std::move(req), *spend);
+                                         });
                                        });
   }
   // A resubmission (an idempotency key already bound) counts against the rate, not the
   // budget: it is answered with its task even when the budget is spent. Finding the key's
-  // binding blocks: on the executor.
-  gw->post(
-      [self = shared_from_this(), rq = later(rq), me, st, bytes, req = std::move(req)]() mutable {
-        auto spend = self->admit(rq, me, bytes, [&]() -> result<bool> {
-          auto bound = self->gw->timed([&] {
-            return st->b->tasks().find_idempotency_key(me.ns, me.participant, req.idempotency_key);
-          });
-          if (!bound) return bound.error();
-          return !bound->has_value();
-        });
-        if (spend) self->submit(rq, *st, std::move(req), *spend);
-      });
+  // binding blocks: a keyed submit runs on the executor (see runs_here).
+  auto spend = admit(rq, me, bytes, [&]() -> result<bool> {
+    auto bound = gw->timed([&] {
+      return st->b->tasks().find_idempotency_key(me.ns, me.participant, req.idempotency_key);
+    });
+    if (!bound) return bound.error();
+    return !bound->has_value();
+  });
+  if (spend) submit(rq, *st, std::move(req), *spend);
 }
 
 void session::impl::submit(const request& rq, detail::ns_state& st, submit_request req,

@@ -198,6 +198,11 @@ class job_queue {
   /// Whether `who` holds the lease on `task` through this job queue (as `leases_of` would
   /// list it), without listing the others.
   bool holds(const task_id& task, const participant_name& who) const;
+  /// Whether `async_complete(task, who, …, attempt)` would start from the record this job
+  /// queue wrote for `who`'s live lease, without reading the record on the executor first
+  /// (it may still find the record changed, and read it then). Any thread.
+  bool completes_from_written(const task_id& task, const participant_name& who,
+                              std::optional<int> attempt) const;
   /// Gives up `who`'s lease on `task` now (bye): as if it expired, but without a
   /// `lease_lost` event. `lease_lost` when `who` does not hold it.
   result<task_record> release_lease(const task_id& task, const participant_name& who);
@@ -210,10 +215,10 @@ class job_queue {
   result<completion_result> complete(const task_id& task, const participant_name& who,
                                      std::string result_json,
                                      std::optional<int> attempt = std::nullopt);
-  /// `complete`, asynchronously: `done` runs on a transport thread, on the executor (a
-  /// lease not held through this job queue is completed there, blocking), or at once on the
-  /// calling thread when the answer needs no write (a stale attempt, say). Never blocks the
-  /// calling thread.
+  /// `complete`, asynchronously: `done` runs on a transport thread, on the executor (when
+  /// `completes_from_written` is false the record is read and written there, blocking), or
+  /// at once on the calling thread when the answer needs no write (a stale attempt, say).
+  /// Never blocks the calling thread.
   void async_complete(const task_id& task, const participant_name& who, std::string result_json,
                       std::optional<int> attempt, completion<completion_result> done);
   /// Fails the current attempt: back to `queued` after `retry_delay` when `retry` and

@@ -927,7 +927,7 @@ TEST_CASE("ops that never wait for the backend run on the receiving thread, in t
   alice.seen.clear();
 
   // So is a submit without an idempotency key; one with a key finds its binding on the
-  // executor, as any other op runs there.
+  // executor, where any other op runs.
   alice.send(R"({"op":"submit","id":7,"job":"j","body":1})");
   CHECK(pool.queue->empty());
   CHECK(ids_of(alice, "ok") == std::vector<std::string>{"7"});
@@ -948,6 +948,56 @@ TEST_CASE("ops that never wait for the backend run on the receiving thread, in t
   CHECK(ids_of(alice, "error").empty());
   pool.drain();
   CHECK(ids_of(alice, "error") == std::vector<std::string>{"4", "5", "6"});
+  alice.seen.clear();
+
+  // A complete of a lease this gateway did not write reads the record: on the executor.
+  alice.send(R"({"op":"complete","id":9,"task":"t_3","result":1})");
+  CHECK(pool.queue->size() == 1);
+  pool.drain();
+  CHECK(ids_of(alice, "error") == std::vector<std::string>{"9"});
+}
+
+TEST_CASE("keyed submits run on the executor, within the session's share of its threads",
+          "[session]") {
+  lifo_executor pool;
+  gateway_rig rig({}, 4u << 20, pool.run(), {}, 8);  // 8 threads: 2 per session
+  auto alice = connect_through(pool, rig, "alice");
+  for (int i = 1; i <= 5; ++i) {
+    alice.send(fmt::format(
+        R"({{"op":"submit","id":{0},"job":"j","body":1,"idempotency_key":"k{0}"}})", i));
+  }
+  CHECK(pool.queue->size() == 2);
+  CHECK(ids_of(alice, "ok").empty());
+  pool.drain();
+  CHECK(ids_of(alice, "ok").size() == 5);
+}
+
+TEST_CASE("claiming and completing an offered task are answered on the receiving thread",
+          "[session]") {
+  lifo_executor pool;
+  gateway_rig rig({}, 4u << 20, pool.run());
+  auto worker = connect_through(pool, rig, "w1");
+  auto producer = connect_through(pool, rig, "prod");
+  worker.send(R"({"op":"register","id":"r","jobs":["j"],"slots":1})");
+  pool.drain();
+  REQUIRE(ids_of(worker, "ok") == std::vector<std::string>{"\"r\""});
+  worker.seen.clear();
+  producer.send(R"({"op":"submit","id":1,"job":"j","body":{"n":1}})");
+  CHECK(ids_of(producer, "ok") == std::vector<std::string>{"1"});
+  pool.drain();
+  auto offer = worker.next("offer");
+  REQUIRE(offer);
+  auto task = offer->str("/task");
+
+  worker.send(R"({"op":"claim","id":2,"task":")" + task + "\"}");
+  CHECK(ids_of(worker, "ok") == std::vector<std::string>{"2"});
+  worker.seen.clear();
+  worker.send(R"({"op":"complete","id":3,"attempt":1,"result":7,"task":")" + task + "\"}");
+  CHECK(ids_of(worker, "ok") == std::vector<std::string>{"3"});  // before the executor ran
+  pool.drain();
+  auto notice = producer.next("message");
+  REQUIRE(notice);
+  CHECK(notice->str("/envelope/type") == "amp.task.completed");
 }
 
 TEST_CASE("one session has at most a quarter of the executor's threads, however many frames",
