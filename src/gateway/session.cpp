@@ -248,7 +248,9 @@ void session::impl::classify(inbound_frame& f) {
   if (!name) return;
   const op_spec* op = find_op(*name);
   if (!op) return;
-  f.item.on_caller = op->on_caller;
+  f.item.op = op->name;
+  f.item.on_caller = op->on_caller &&
+                     !(op->name == "submit" && !string_or_empty(frame, "idempotency_key").empty());
   auto lane_of = [&](std::string_view member) {
     auto v = string_at(frame, member);
     if (!v) return;
@@ -281,7 +283,7 @@ void session::impl::receive(std::string_view text) {
 
 void session::impl::run(std::vector<inbound_frame> start, bool from_receive) {
   for (auto& f : start) {
-    if (from_receive && f.item.on_caller && runs_here(f.item.text)) {
+    if (from_receive && f.item.on_caller && runs_here(f.item)) {
       gw->run_here([&] { this->start(std::move(f)); });
     } else {
       gw->post(
@@ -290,14 +292,12 @@ void session::impl::run(std::vector<inbound_frame> start, bool from_receive) {
   }
 }
 
-bool session::impl::runs_here(std::string_view text) {
+bool session::impl::runs_here(const queued_frame& f) {
+  if (f.op != "complete") return true;
   thread_local dom::parser parser;
   detail::parser_release release(parser);
   dom::element frame;
-  if (parser.parse(text.data(), text.size()).get(frame)) return true;  // refused at once
-  auto op = string_or_empty(frame, "op");
-  if (op == "submit") return string_or_empty(frame, "idempotency_key").empty();
-  if (op != "complete") return true;
+  if (parser.parse(f.text.data(), f.text.size()).get(frame)) return true;  // refused at once
   std::shared_ptr<detail::ns_state> st;
   std::optional<participant_name> me;
   {

@@ -80,7 +80,8 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // runs alone; frames of different lanes run at once (up to k_max_running of a session).
   struct queued_frame {
     std::string text;
-    bool on_caller = false;  // its op never waits for the backend (op_spec::on_caller)
+    std::string_view op{};   // its op's name (in the op table); empty when not known
+    bool on_caller = false;  // it may run on the receiving thread (see `classify`)
   };
   using frame_lanes = detail::lanes<queued_frame>;
   using inbound_frame = frame_lanes::entry;
@@ -160,8 +161,8 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     double cost;
     void (impl::*handle)(request&);
     // The handler never waits for the backend (it answers at once or from a completion),
-    // except in the cases `runs_here` tells apart: a frame that may start when it arrives
-    // runs on the thread that received it, without a hop through the executor.
+    // except in the cases `classify` and `runs_here` tell apart: a frame that may start when it
+    // arrives runs on the thread that received it, without a hop through the executor.
     bool on_caller = false;
   };
 
@@ -173,7 +174,8 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // ---- inbound --------------------------------------------------------------------------
 
   // Which lane a frame goes to: its op's `lane_rule`; a frame that is not an object with a
-  // known op is a barrier. Also whether it may run on the caller's thread (`on_caller`).
+  // known op is a barrier. Also whether it may run on the caller's thread: its op's
+  // `on_caller`, but not a submit with an idempotency key (finding its binding blocks).
   static void classify(inbound_frame& f);
 
   void receive(std::string_view text);
@@ -182,11 +184,10 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // received them), at once there for ops that never wait for the backend.
   void run(std::vector<inbound_frame> start, bool from_receive = false);
 
-  // Whether a frame of an `on_caller` op may run on the receiving thread after all: not a
-  // submit with an idempotency key (finding its binding blocks), nor a complete of a lease
-  // whose record this gateway did not write for it (reading the record blocks). They run on
-  // the executor, within the session's share of its threads.
-  bool runs_here(std::string_view text);
+  // Whether an `on_caller` frame may run on the receiving thread after all: not a complete
+  // of a lease whose record this gateway did not write for it (reading the record blocks).
+  // That runs on the executor, within the session's share of its threads.
+  bool runs_here(const queued_frame& f);
 
   // Runs `f` through `process`; lets the frames waiting for it go when its answer is out.
   void start(inbound_frame f);

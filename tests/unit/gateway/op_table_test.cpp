@@ -88,6 +88,7 @@ TEST_CASE("only ops that never wait for the backend run on the thread that recei
   CHECK(classified(R"({"op":"ack","seq":1})"));
   CHECK_FALSE(classified(R"({"op":"heartbeat","task":"t1"})"));
   CHECK(classified(R"({"op":"submit","job":"j"})"));
+  CHECK_FALSE(classified(R"({"op":"submit","job":"j","idempotency_key":"k"})"));
   CHECK_FALSE(classified(R"({"op":"send","to":"bob"})"));
   CHECK_FALSE(classified("not json"));
 }
