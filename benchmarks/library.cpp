@@ -27,10 +27,6 @@
 //                     [--slots 1,8,64] [--window W] [--rate R] [--latency-tasks N]
 //                     [--quick] [--out FILE]
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -184,6 +180,7 @@ using amp::bench::cpu_seconds;
 using amp::bench::cpu_seconds_self;
 using amp::bench::json_of;
 using amp::bench::read_first_line;
+using amp::bench::server_in_msgs;
 using amp::bench::summarize;
 using amp::bench::summary;
 
@@ -214,37 +211,6 @@ std::int64_t int_member(std::string_view json, std::string_view key) {
   auto at = json.find(fmt::format(R"("{}":)", key));
   if (at == std::string_view::npos) return -1;
   return std::strtoll(json.data() + at + key.size() + 3, nullptr, 10);
-}
-
-// ----- CPU --------------------------------------------------------------------------------
-
-// ----- nats-server monitoring ---------------------------------------------------------------
-
-// `in_msgs` of the server's /varz (messages clients sent it: publishes, KV writes and gets,
-// acks, pull requests, API calls), or -1.
-double server_in_msgs(int http_port) {
-  if (http_port <= 0) return -1;
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(http_port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  std::string text;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    std::string req = "GET /varz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size())) {
-      char buf[4096];
-      for (ssize_t got; (got = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
-        text.append(buf, static_cast<std::size_t>(got));
-      }
-    }
-  }
-  ::close(fd);
-  auto v = int_member(text, "in_msgs");
-  return v < 0 ? -1 : static_cast<double>(v);
 }
 
 struct backend_env {

@@ -1,13 +1,16 @@
 // amp-bench-tasks: the task lifecycle through amp-server over WebSocket (issue 6 item 2):
 // a producer submits tasks, a worker with S slots claims and completes each offer, and the
 // producer counts the `amp.task.completed` notices in its inbox. Measures tasks/s at 1, 8
-// and 64 slots (submits pipelined), and submit-to-result latency at a fixed offered load.
+// and 64 slots (submits pipelined), with amp-server's and nats-server's CPU, amp-server's
+// context switches and nats-server's incoming messages per task, and submit-to-result
+// latency at a fixed offered load.
 //
 //   amp-bench-tasks [--backend jetstream|memory] [--tasks N] [--runs R] [--slots LIST]
 //                   [--rate R] [--latency-tasks N] [--quick] [--out FILE]
 //
 // It starts its own nats-server (temporary file store) and amp-server (the binary built
-// with it) on free loopback ports, and the clients are amp::client connections.
+// with it, or $AMP_BENCH_SERVER) on free loopback ports, and the clients are amp::client
+// connections.
 
 #include <unistd.h>
 
@@ -122,14 +125,50 @@ void become_worker(amp::client& w, int slots) {
 
 using amp::bench::body_at;
 
+// What the processes under test have spent so far: CPU of amp-server and nats-server,
+// amp-server's voluntary context switches, and the messages nats-server received (-1 where
+// there is no such process or no monitoring port).
+struct spent {
+  double server_cpu = -1, server_switches = -1, nats_cpu = -1, nats_msgs = -1;
+};
+
+struct processes {
+  pid_t server = -1;
+  pid_t nats = -1;
+  int nats_http_port = -1;
+
+  spent now() const {
+    spent s;
+    s.server_cpu = cpu_seconds(server);
+    s.server_switches = context_switches(server);
+    if (nats > 0) {
+      s.nats_cpu = cpu_seconds(nats);
+      s.nats_msgs = server_in_msgs(nats_http_port);
+    }
+    return s;
+  }
+};
+
+// Per task between two readings; -1 for what either reading lacks.
+spent per_task(const spent& before, const spent& after, int n) {
+  auto per = [n](double a, double b, double scale) {
+    return a < 0 || b < 0 ? -1.0 : (b - a) * scale / n;
+  };
+  return {per(before.server_cpu, after.server_cpu, 1e6),
+          per(before.server_switches, after.server_switches, 1),
+          per(before.nats_cpu, after.nats_cpu, 1e6), per(before.nats_msgs, after.nats_msgs, 1)};
+}
+
 struct throughput_result {
   double tasks_per_s = 0;
   double seconds = 0;
+  spent costs;  // per task
 };
 
 // Submits `n` tasks with at most `window` submits in flight; returns when every completion
 // notice arrived.
-throughput_result run_throughput(const std::string& url, int n, int slots, int window, int run) {
+throughput_result run_throughput(const std::string& url, const processes& measured, int n,
+                                 int slots, int window, int run) {
   auto ns = fmt::format("tp{}s{}r{}", ::getpid() % 100000, slots, run);
   auto worker = connect(url, "worker", ns);
   become_worker(*worker, slots);
@@ -145,6 +184,7 @@ throughput_result run_throughput(const std::string& url, int n, int slots, int w
   std::condition_variable cv;
   int in_flight = 0;
   std::atomic<int> failed{0};
+  auto before = measured.now();
   auto start = steady::now();
   for (int i = 0; i < n; ++i) {
     {
@@ -165,9 +205,10 @@ throughput_result run_throughput(const std::string& url, int n, int slots, int w
         "throughput run did not finish: {} left, {} submits failed", finished.left, failed.load()));
   }
   double seconds = std::chrono::duration<double>(steady::now() - start).count();
+  auto costs = per_task(before, measured.now(), n);
   producer->on_push({});
   worker->on_push({});
-  return {n / seconds, seconds};
+  return {n / seconds, seconds, costs};
 }
 
 struct latency_result {
@@ -226,23 +267,43 @@ latency_result run_latency(const std::string& url, int n, double rate, int run) 
 int main(int argc, char** argv) {
   auto o = parse(argc, argv);
   std::optional<amp::testing::nats_server> nats;
-  if (o.backend == "jetstream") nats.emplace(amp::testing::nats_server::start());
+  processes measured;
+  if (o.backend == "jetstream") {
+    measured.nats_http_port = amp::testing::free_port();
+    nats.emplace(amp::testing::nats_server::start(
+        {.jetstream = true,
+         .extra_config = fmt::format("http_port: {}\n", measured.nats_http_port)}));
+    measured.nats = nats->pid();
+  }
   auto port = static_cast<std::uint16_t>(amp::testing::free_port());
   server_process server(nats ? nats->url() : std::string(), port, "amp-bench-tasks");
+  measured.server = server.pid();
   const auto url = server.url();
   auto loadavg_before = read_first_line("/proc/loadavg");
 
   std::map<int, summary> throughput;
+  std::map<int, std::map<std::string, summary>> costs;  // per slots, per figure
   for (int slots : o.slots) {
     std::vector<double> v;
+    std::map<std::string, std::vector<double>> c;
     for (int r = 0; r < o.runs; ++r) {
-      auto t = run_throughput(url, o.tasks, slots, o.window, r);
-      std::printf("throughput slots=%d run=%d: %.0f tasks/s (%d tasks in %.2f s)\n", slots, r + 1,
-                  t.tasks_per_s, o.tasks, t.seconds);
+      auto t = run_throughput(url, measured, o.tasks, slots, o.window, r);
+      std::printf(
+          "throughput slots=%d run=%d: %.0f tasks/s (%d tasks in %.2f s); per task: amp-server "
+          "%.0f us CPU, %.1f context switches; nats-server %.0f us CPU, %.1f messages in\n",
+          slots, r + 1, t.tasks_per_s, o.tasks, t.seconds, t.costs.server_cpu,
+          t.costs.server_switches, t.costs.nats_cpu, t.costs.nats_msgs);
       std::fflush(stdout);
       v.push_back(t.tasks_per_s);
+      c["amp_server_cpu_us"].push_back(t.costs.server_cpu);
+      c["amp_server_context_switches"].push_back(t.costs.server_switches);
+      if (nats) {
+        c["nats_server_cpu_us"].push_back(t.costs.nats_cpu);
+        c["nats_server_in_msgs"].push_back(t.costs.nats_msgs);
+      }
     }
     throughput[slots] = summarize(v);
+    for (auto& [figure, runs] : c) costs[slots][figure] = summarize(runs);
   }
   std::vector<double> p50, p99, p999, achieved;
   for (int r = 0; r < o.runs; ++r) {
@@ -269,18 +330,31 @@ int main(int argc, char** argv) {
   std::printf("%-24s %12.2f %12.2f %12.2f\n", fmt::format("p99 ms at {:.0f}/s", o.rate).c_str(),
               s99.min, s99.median, s99.max);
 
-  std::string tp;
+  for (auto& [slots, figures] : costs) {
+    for (auto& [figure, s] : figures) {
+      std::printf("%-24s %12.1f %12.1f %12.1f\n",
+                  fmt::format("{}, {} slots", figure, slots).c_str(), s.min, s.median, s.max);
+    }
+  }
+
+  std::string tp, per;
   for (auto& [slots, s] : throughput)
     tp += (tp.empty() ? "" : ",") + fmt::format(R"("{}":{})", slots, json_of(s));
+  for (auto& [slots, figures] : costs) {
+    std::string f;
+    for (auto& [figure, s] : figures)
+      f += (f.empty() ? "" : ",") + fmt::format(R"("{}":{})", figure, json_of(s));
+    per += (per.empty() ? "" : ",") + fmt::format(R"("{}":{{{}}})", slots, f);
+  }
   auto json = fmt::format(
       R"({{"benchmark":"amp-bench-tasks","via":"amp-server over WebSocket, amp::client","backend":"{}",)"
       R"("storage":"file","tasks":{},"runs":{},"window":{},"body_bytes":{},)"
       R"("machine":{},)"
-      R"("throughput_tasks_per_s":{{{}}},)"
+      R"("throughput_tasks_per_s":{{{}}},"per_task":{{{}}},)"
       R"("latency":{{"offered_tasks_per_s":{},"tasks":{},"worker_slots":8,"achieved_tasks_per_s":{},)"
       R"("p50_ms":{},"p99_ms":{},"p999_ms":{}}}}})",
       o.backend, o.tasks, o.runs, o.window, body_at(0).size(), machine_json(loadavg_before), tp,
-      o.rate, o.latency_tasks, json_of(summarize(achieved)), json_of(s50), json_of(s99),
+      per, o.rate, o.latency_tasks, json_of(summarize(achieved)), json_of(s50), json_of(s99),
       json_of(s999));
   std::ofstream(o.out) << json << "\n";
   std::printf("\nwritten to %s\n", o.out.c_str());

@@ -42,7 +42,8 @@ server_process::server_process(server_settings s) : port_(s.port) {
       s.port, s.nats_url.empty() ? "" : fmt::format(R"("nats":{{"url":"{}"}},)", s.nats_url),
       s.extra_config, k_secret);
   auto log = (dir_ / "server.log").string();
-  std::string path = AMP_SERVER_PATH;
+  const char* chosen = std::getenv("AMP_BENCH_SERVER");
+  std::string path = chosen && *chosen ? chosen : AMP_SERVER_PATH;
   std::vector<std::string> args = {path, "--config", config.string()};
   args.insert(args.end(), s.extra_args.begin(), s.extra_args.end());
   std::vector<char*> argv;

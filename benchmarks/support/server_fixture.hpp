@@ -40,7 +40,9 @@ struct server_settings {
 };
 
 /// amp-server as a child process, on a free port, with its own configuration file: HS256
-/// with `k_secret`, `max_sessions` 100,000 and rate limits far above any benchmark. Its
+/// with `k_secret`, `max_sessions` 100,000 and rate limits far above any benchmark. The
+/// binary is the amp-server built with the benchmark, or the one the environment variable
+/// `AMP_BENCH_SERVER` names (to compare two builds with one benchmark binary). Its
 /// stderr goes to a log file in its temporary directory. The child gets SIGKILL if the
 /// thread that started it exits (start it from the main thread); the destructor stops it
 /// with SIGTERM and removes the directory.

@@ -1,12 +1,17 @@
 #include "support/stats.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -83,6 +88,44 @@ double cpu_seconds(pid_t pid) {
     if (i == 15) stime = std::strtol(field.c_str(), nullptr, 10);
   }
   return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+double context_switches(pid_t pid) {
+  std::error_code ec;
+  std::filesystem::directory_iterator threads(fmt::format("/proc/{}/task", pid), ec);
+  if (ec) return -1;
+  double sum = 0;
+  for (const auto& t : threads) {
+    auto line = read_first_line((t.path() / "status").c_str(), "voluntary_ctxt_switches:");
+    if (!line.empty()) sum += std::strtod(line.c_str() + line.find(':') + 1, nullptr);
+  }
+  return sum;
+}
+
+double server_in_msgs(int http_port) {
+  if (http_port <= 0) return -1;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(http_port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string text;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    std::string req = "GET /varz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (::send(fd, req.data(), req.size(), 0) == static_cast<ssize_t>(req.size())) {
+      char buf[4096];
+      for (ssize_t got; (got = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+        text.append(buf, static_cast<std::size_t>(got));
+      }
+    }
+  }
+  ::close(fd);
+  auto at = text.find("\"in_msgs\":");
+  if (at == std::string::npos) return -1;
+  return std::strtod(text.c_str() + at + 10, nullptr);
 }
 
 double cpu_seconds_self() {

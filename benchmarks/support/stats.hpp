@@ -35,6 +35,14 @@ long rss_kib(pid_t pid);
 /// utime + stime of a process in seconds (from /proc/PID/stat); -1 when unreadable.
 double cpu_seconds(pid_t pid);
 
+/// Voluntary context switches of a process, summed over its live threads (from
+/// /proc/PID/task/*/status): a count of thread hand-offs; -1 when unreadable.
+double context_switches(pid_t pid);
+/// `in_msgs` of a nats-server's /varz on `http_port` (the messages clients sent it:
+/// publishes, KV writes and gets, acks, pull requests, API calls); -1 when it does not
+/// answer or `http_port` is not positive.
+double server_in_msgs(int http_port);
+
 /// utime + stime of this process in seconds (getrusage, every thread).
 double cpu_seconds_self();
 /// Voluntary context switches of this process: a count of thread hand-offs.
