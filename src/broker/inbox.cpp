@@ -175,12 +175,17 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     return f;
   }
 
-  // Acks or naks what `take` returned; kicks the loop (a place in the window is free).
+  // Acks or naks what `take` returned, confirmed when there is `done` to tell; kicks the
+  // loop (a place in the window is free).
   void settle(flight f, ack_kind kind, duration delay, completion<void> done) {
     auto backend = backend_.lock();
     if (!backend) {
       if (done) done(error(errc::unavailable, "the transport is closed"));
       return;
+    }
+    if (!done) {
+      backend->acknowledge(f.msg, kind, delay);
+      return kick();
     }
     auto msg = f.msg;
     backend->async_acknowledge(msg, kind, delay,

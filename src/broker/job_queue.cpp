@@ -1,7 +1,9 @@
 #include "amp/broker/job_queue.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
+#include <deque>
 #include <future>
 #include <map>
 #include <mutex>
@@ -27,6 +29,8 @@ constexpr int k_cas_rounds = 8;
 constexpr duration k_defer_slack = std::chrono::milliseconds(50);
 // A lease whose end could not be judged (the backend away) is looked at again this often.
 constexpr duration k_lease_retry = std::chrono::seconds(1);
+// Records kept from submit for judging first deliveries (a few hundred bytes each).
+constexpr std::size_t k_fresh_max = 16384;
 
 error lease_lost(const task_id& task) {
   return error(errc::lease_lost, fmt::format("no live lease on {}", task.view()));
@@ -38,6 +42,10 @@ std::optional<error> fenced(const task_id& task, const task_record& r, std::opti
   if (!attempt || *attempt == r.attempt) return std::nullopt;
   return error(errc::lease_lost, fmt::format("attempt {} of {} is not its current attempt ({})",
                                              *attempt, task.view(), r.attempt));
+}
+
+error closed_error() {
+  return error(errc::unavailable, "job queue closed");
 }
 
 std::string notice_body(const task_record& r) {
@@ -88,6 +96,20 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   bool closed = false;
   std::set<std::string, std::less<>> consumers;     // jobs whose consumer is ensured
   std::map<std::string, held, std::less<>> leases;  // by task id
+  // Records this job queue creates at submit, by task id, until the first delivery of the
+  // task's message is judged: judging it by its record here saves a read. An entry is made
+  // before the message is published and is pending until the record is written; a fetch
+  // that brings the message sooner waits for it (`when_written`) instead of reading. A task
+  // changed meanwhile through another process (cancelled there) is then offered as queued,
+  // and its claim's compare-and-set answers `conflict`, as when the change comes just after
+  // a read. At most `k_fresh_max`: `fresh_order` holds every id of `fresh_records`, oldest
+  // first.
+  struct fresh_entry {
+    std::optional<task_record> record;  // nothing while pending
+    std::vector<std::function<void()>> waiting;
+  };
+  std::map<std::string, fresh_entry, std::less<>> fresh_records;
+  std::deque<std::string> fresh_order;
 
   // ----- small helpers -----------------------------------------------------------------
 
@@ -120,6 +142,78 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   }
 
   void post(std::function<void()> work) { run(std::move(work)); }
+
+  // ----- records created here ------------------------------------------------------------
+
+  // Before `task`'s message is published by this job queue's submit.
+  void expect_fresh(const std::string& task) {
+    std::vector<std::function<void()>> evicted;
+    {
+      std::lock_guard lock(mu);
+      if (closed || !fresh_records.try_emplace(task).second) return;
+      fresh_order.push_back(task);
+      while (fresh_order.size() > k_fresh_max) {
+        if (auto it = fresh_records.find(fresh_order.front()); it != fresh_records.end()) {
+          for (auto& w : it->second.waiting) evicted.push_back(std::move(w));
+          fresh_records.erase(it);
+        }
+        fresh_order.pop_front();
+      }
+    }
+    for (auto& w : evicted) w();
+  }
+
+  // The submission of `task` is over: its record as written, or nothing when it was not
+  // (the entry goes, and judging reads the store as for any task).
+  void settle_fresh(std::string_view task, std::optional<task_record> written) {
+    std::vector<std::function<void()>> waiting;
+    {
+      std::lock_guard lock(mu);
+      auto it = fresh_records.find(task);
+      if (it == fresh_records.end()) return;
+      waiting.swap(it->second.waiting);
+      if (written) {
+        it->second.record = std::move(written);
+      } else {
+        fresh_records.erase(it);
+      }
+    }
+    for (auto& w : waiting) w();
+  }
+
+  void forget_fresh(std::string_view task) { settle_fresh(task, std::nullopt); }
+
+  // Runs `then` once no task of `msgs` has a pending entry: at once, or on the thread that
+  // settles the last of them.
+  void when_written(const std::vector<message>& msgs, std::function<void()> then) {
+    auto left = std::make_shared<std::atomic<std::size_t>>(1);
+    auto one_done = [left, then = std::move(then)] {
+      if (left->fetch_sub(1) == 1) then();
+    };
+    {
+      std::lock_guard lock(mu);
+      for (const auto& m : msgs) {
+        auto task = find_header(m.headers, k_task_header);
+        if (!task || m.delivery_count != 1) continue;
+        auto it = fresh_records.find(*task);
+        if (it == fresh_records.end() || it->second.record) continue;
+        left->fetch_add(1);
+        it->second.waiting.push_back(one_done);
+      }
+    }
+    one_done();
+  }
+
+  // The record created here for the task of `msg` when `msg` is its first delivery.
+  std::optional<task_record> take_fresh(std::string_view task, const message& msg) {
+    std::lock_guard lock(mu);
+    auto it = fresh_records.find(task);
+    if (it == fresh_records.end() || !it->second.record) return std::nullopt;
+    auto r = std::move(*it->second.record);
+    fresh_records.erase(it);
+    if (msg.delivery_count != 1 || r.job_seq != msg.seq) return std::nullopt;
+    return r;
+  }
 
   // ----- lease bookkeeping and timers ----------------------------------------------------
 
@@ -341,15 +435,13 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       return;
     }
     if (kind == ack_kind::ack) {
-      (void)t->ack(token_message(r));
+      t->acknowledge(token_message(r), ack_kind::ack);
     } else {
-      (void)t->term(token_message(r));
+      t->acknowledge(token_message(r), ack_kind::term);
     }
   }
 
-  void let_go(const message& token, ack_kind kind) {
-    t->async_acknowledge(token, kind, {}, [](result<void>) {});
-  }
+  void let_go(const message& token, ack_kind kind) { t->acknowledge(token, kind); }
 
   // Records that `r`'s submitter was told (a conflict: it changed since, and is left be).
   void mark_notified(task_record r) {
@@ -384,7 +476,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     auto task = task_id::make(header.value_or(""));
     auto env = parse_envelope(msg.data);
     if (!task || !env) {  // not ours to offer, ever
-      (void)t->term(msg);
+      t->acknowledge(msg, ack_kind::term);
       return std::nullopt;
     }
     for (int round = 0; round < k_cas_rounds; ++round) {
@@ -394,34 +486,34 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
         if (!rec && rec.error().code() == errc::conflict) continue;
       }
       if (!rec) {  // the backend is away: let it come back later
-        (void)t->nak(msg, std::chrono::seconds(1));
+        t->acknowledge(msg, ack_kind::nak, std::chrono::seconds(1));
         return std::nullopt;
       }
       if (rec->job_seq != 0 && msg.seq != 0 && rec->job_seq != msg.seq) {
         // A second message of the task: a keyed retry published it again after the first
         // was stored but before its record was, past the duplicate window. The record names
         // the task's message; this one is dropped, offering and telling nothing.
-        (void)t->term(msg);
+        t->acknowledge(msg, ack_kind::term);
         return std::nullopt;
       }
       switch (rec->state) {
         case task_state::completed:
         case task_state::failed:
         case task_state::cancelled: {
-          if (rec->notified || notify(*rec)) (void)t->ack(msg);
+          if (rec->notified || notify(*rec)) t->acknowledge(msg, ack_kind::ack);
           return std::nullopt;
         }
         case task_state::running: {
           auto ts = now();
           if (rec->lease_expires_at > ts) {
-            (void)t->nak(msg, rec->lease_expires_at - ts + k_defer_slack);
+            t->acknowledge(msg, ack_kind::nak, rec->lease_expires_at - ts + k_defer_slack);
             return std::nullopt;
           }
           auto holder = participant_name::make(rec->owner);
           auto moved = expire(std::move(*rec));
           if (!moved) {
             if (moved.error().code() == errc::conflict) continue;
-            (void)t->nak(msg, std::chrono::seconds(1));
+            t->acknowledge(msg, ack_kind::nak, std::chrono::seconds(1));
             return std::nullopt;
           }
           if (holder && untrack(task->view(), *holder)) emit_lease_lost(*holder, *task);
@@ -437,14 +529,14 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
             rec->updated_at = now();
             auto done = store->update(std::move(*rec));
             if (!done && done.error().code() == errc::conflict) continue;
-            if (done && notify(*done)) (void)t->term(msg);
+            if (done && notify(*done)) t->acknowledge(msg, ack_kind::term);
             return std::nullopt;
           }
           return make_offer(std::move(*rec), std::move(*env), std::move(msg));
         }
       }
     }
-    (void)t->nak(msg);
+    t->acknowledge(msg, ack_kind::nak);
     return std::nullopt;
   }
 
@@ -488,6 +580,24 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     return store->create(std::move(r));
   }
 
+  // `judge_all` on the executor, once the records of the batch's tasks submitted here are
+  // written.
+  void judge_later(std::vector<message> msgs, completion<std::vector<offer>> done) {
+    // Shared: `when_written` may hold a copy of the continuation per pending task.
+    auto batch = std::make_shared<std::vector<message>>(std::move(msgs));
+    auto finish = std::make_shared<completion<std::vector<offer>>>(std::move(done));
+    std::weak_ptr<state> weak = weak_from_this();
+    when_written(*batch, [weak, batch, finish] {
+      auto self = weak.lock();
+      if (!self) return (*finish)(closed_error());
+      self->post([weak, batch, finish] {
+        auto me = weak.lock();
+        if (!me) return (*finish)(closed_error());
+        (*finish)(me->judge_all(std::move(*batch)));
+      });
+    });
+  }
+
   // Judges a fetched batch; the records of its tasks are read together first.
   std::vector<offer> judge_all(std::vector<message> msgs) {
     std::vector<task_id> tasks;
@@ -499,9 +609,19 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       }
     }
     std::vector<std::optional<result<task_record>>> first(msgs.size());
-    if (tasks.size() > 1) {
-      auto records = store->get_many(config.ns, tasks);
-      for (std::size_t i = 0; i < records.size(); ++i) first[read_for[i]] = std::move(records[i]);
+    std::vector<task_id> unread;
+    std::vector<std::size_t> unread_for;
+    for (std::size_t i = 0; i < tasks.size(); ++i) {
+      if (auto r = take_fresh(tasks[i].view(), msgs[read_for[i]])) {
+        first[read_for[i]] = std::move(*r);
+      } else {
+        unread.push_back(std::move(tasks[i]));
+        unread_for.push_back(read_for[i]);
+      }
+    }
+    if (unread.size() > 1) {
+      auto records = store->get_many(config.ns, unread);
+      for (std::size_t i = 0; i < records.size(); ++i) first[unread_for[i]] = std::move(records[i]);
     }
     std::vector<offer> out;
     for (std::size_t i = 0; i < msgs.size(); ++i) {
@@ -608,7 +728,10 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       }
       return unexpected(errc::conflict, fmt::format("task {} moved on", o.task.task));
     }
-    t->async_acknowledge(o.msg, ack_kind::in_progress, {}, [](result<void>) {});
+    // No `in_progress` to restart AckWait: a task that ends within its lease (nearly all)
+    // is acknowledged before the message comes again, and one that runs on is delivered
+    // again a little before its lease ends (AckWait ran from the delivery, not the claim),
+    // judged running and held back until then (`judge`), or kept by its heartbeats.
     track(*stored, who);
     return lease{*task, stored->attempt, stored->lease_expires_at, stored->job};
   }
@@ -789,22 +912,29 @@ void job_queue::async_submit(submit_request req, completion<submit_result> done)
   r.updated_at = stamped;
   r.idem_key = std::move(idem_key);
   std::weak_ptr<state> weak = s_;
-  s_->t->async_publish(
-      std::move(msg), [weak, r = std::move(r), id, created,
-                       done = std::move(done)](result<publish_ack> published) mutable {
-        if (!published) return done(std::move(published).error());
-        auto s = weak.lock();
-        if (!s) return done(submit_result{id, created});
-        r.job_seq = published->seq;
-        // The message is durable now, so the task exists whatever happens to its record:
-        // a `conflict` means a fetch adopted it already; any other failure leaves the
-        // record to be made by the fetch that adopts the message. Answering an error here
-        // would invite a second submission.
-        s->store->async_create(std::move(r),
-                               [id, created, done = std::move(done)](result<task_record>) {
-                                 done(submit_result{id, created});
-                               });
-      });
+  if (created) s_->expect_fresh(r.task);
+  s_->t->async_publish(std::move(msg), [weak, r = std::move(r), id, created,
+                                        done = std::move(done)](
+                                           result<publish_ack> published) mutable {
+    auto s = weak.lock();
+    if (!published) {
+      if (s) s->settle_fresh(id.view(), std::nullopt);
+      return done(std::move(published).error());
+    }
+    if (!s) return done(submit_result{id, created});
+    r.job_seq = published->seq;
+    // The message is durable now, so the task exists whatever happens to its record:
+    // a `conflict` means a fetch adopted it already; any other failure leaves the
+    // record to be made by the fetch that adopts the message. Answering an error here
+    // would invite a second submission.
+    s->store->async_create(std::move(r), [weak, id, created, done = std::move(done)](
+                                             result<task_record> stored) mutable {
+      if (auto self = weak.lock()) {
+        self->settle_fresh(id.view(), stored ? std::optional(std::move(*stored)) : std::nullopt);
+      }
+      done(submit_result{id, created});
+    });
+  });
 }
 
 result<std::vector<offer>> job_queue::fetch(const job_name& job, std::size_t n, duration max_wait) {
@@ -829,13 +959,11 @@ void job_queue::async_fetch(const job_name& job, std::size_t n, duration max_wai
                      fetch_request{.batch = n, .max_wait = max_wait},
                      [weak, done = std::move(done)](result<std::vector<message>> msgs) mutable {
                        auto s = weak.lock();
-                       if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
-                       s->post([weak, done = std::move(done), msgs = std::move(msgs)]() mutable {
-                         auto self = weak.lock();
-                         if (!self) return done(unexpected(errc::unavailable, "job queue closed"));
-                         if (!msgs) return done(std::move(msgs).error());
-                         done(self->judge_all(std::move(*msgs)));
-                       });
+                       if (!s) return done(closed_error());
+                       if (!msgs) {
+                         return s->post([done = std::move(done), e = msgs.error()] { done(e); });
+                       }
+                       s->judge_later(std::move(*msgs), std::move(done));
                      });
 }
 
@@ -857,7 +985,7 @@ void job_queue::async_claim(const offer& o, const participant_name& who, complet
   s_->store->async_update(std::move(*r), [weak, o, who, done = std::move(done)](
                                              result<task_record> stored) mutable {
     auto s = weak.lock();
-    if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
+    if (!s) return done(closed_error());
     if (stored || stored.error().code() != errc::conflict) {
       return done(s->claimed(o, who, std::move(stored)));
     }
@@ -892,7 +1020,7 @@ result<lease> job_queue::heartbeat(const task_id& task, const participant_name& 
       s_->unsure(task.view(), who, writing);
       return stored.error();
     }
-    (void)s_->t->in_progress(token_message(*stored));
+    s_->t->acknowledge(token_message(*stored), ack_kind::in_progress);
     s_->track(*stored, who);
     return lease{task, stored->attempt, stored->lease_expires_at, stored->job};
   }
@@ -941,7 +1069,7 @@ result<task_record> job_queue::release_lease(const task_id& task, const particip
       return moved;
     }
     s_->untrack(task.view(), who);
-    if (moved->state == task_state::queued) (void)s_->t->nak(token);
+    if (moved->state == task_state::queued) s_->t->acknowledge(token, ack_kind::nak);
     return moved;
   }
   return unexpected(errc::unavailable, fmt::format("task {} kept changing", task.view()));
@@ -979,7 +1107,7 @@ void job_queue::async_complete(const task_id& task, const participant_name& who,
       std::move(*rec), [weak, task, who, result_json = std::move(result_json), attempt, writing,
                         done = std::move(done)](result<task_record> stored) mutable {
         auto s = weak.lock();
-        if (!s) return done(unexpected(errc::unavailable, "job queue closed"));
+        if (!s) return done(closed_error());
         if (stored) {
           // With a blocking `notify`, the notice and ack block: not on the transport's thread.
           if (s->events.async_notify && !s->events.notify) {
@@ -1030,9 +1158,9 @@ result<task_record> job_queue::fail(const task_id& task, const participant_name&
     }
     s_->untrack(task.view(), who);
     if (again) {
-      (void)s_->t->nak(token, std::max(retry_delay, duration::zero()));
+      s_->t->acknowledge(token, ack_kind::nak, std::max(retry_delay, duration::zero()));
     } else {
-      if (s_->notify(*stored)) (void)s_->t->term(token);
+      if (s_->notify(*stored)) s_->t->acknowledge(token, ack_kind::term);
     }
     return stored;
   }
@@ -1040,6 +1168,7 @@ result<task_record> job_queue::fail(const task_id& task, const participant_name&
 }
 
 result<task_record> job_queue::cancel(const task_id& task, const viewer& by) {
+  s_->forget_fresh(task.view());
   for (int round = 0; round < k_cas_rounds; ++round) {
     auto rec = s_->store->get(s_->config.ns, task);
     if (!rec) return rec;

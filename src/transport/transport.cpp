@@ -131,6 +131,14 @@ void transport::async_acknowledge(const message& msg, ack_kind kind, duration na
   do_async_acknowledge(msg, kind, nak_delay, std::move(done));
 }
 
+void transport::acknowledge(const message& msg, ack_kind kind, duration nak_delay) {
+  do_acknowledge(msg, kind, nak_delay);
+}
+
+void transport::do_acknowledge(const message& msg, ack_kind kind, duration nak_delay) {
+  do_async_acknowledge(msg, kind, nak_delay, [](result<void>) {});
+}
+
 result<std::unique_ptr<subscription>> transport::subscribe_ordered(
     const replay_request& request, std::function<void(const message&)> on_message) {
   if (auto r = names(request.stream); !r) return r.error();

@@ -98,10 +98,12 @@ class inbox_reader {
 
   /// Acknowledges the message with stream sequence `seq`: it is removed from the inbox
   /// and frees a place in the window. An ack from any reader of the participant counts.
-  /// Non-blocking: it checks, hands the acknowledgement to the backend and returns; safe
-  /// from `on_message`. Errors: `not_found` when `seq` is not in flight to the participant
-  /// (never delivered, already acked or nacked, handed back after the last reader
-  /// detached) or this reader is stopped; nothing changes then.
+  /// Non-blocking: it checks, sends the acknowledgement without asking the backend to
+  /// confirm it (`transport::acknowledge`) and returns; safe from `on_message`. One that
+  /// the backend does not take leaves the message unacked: it is delivered again after
+  /// AckWait (use `async_ack` to learn the outcome). Errors: `not_found` when `seq` is not
+  /// in flight to the participant (never delivered, already acked or nacked, handed back
+  /// after the last reader detached) or this reader is stopped; nothing changes then.
   result<void> ack(std::uint64_t seq);
 
   /// Hands the message back for redelivery after `delay` (zero: at once); the redelivery

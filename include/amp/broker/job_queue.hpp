@@ -13,8 +13,14 @@
 ///   is still there and whoever fetches it creates the record from it ("adoption"), so a
 ///   task is never lost; a retry with the same idempotency key finds the same task id and
 ///   publishes again under the same message id, so it is never duplicated.
-/// - a claim is a compare-and-set on the record read when the task was offered; then an
-///   in-progress ack restarts AckWait (the claim does not wait for it). A heartbeat
+/// - a task's message is judged by its record when it is fetched. The first delivery of a
+///   task submitted through this job queue is judged by the record it wrote (kept from the
+///   submit, at most 16,384 of them; a fetch that brings the message before the record is
+///   written waits for the write): no read. A task changed meanwhile through another job
+///   queue (cancelled through another gateway) is then offered, and its claim is `conflict`.
+/// - a claim is a compare-and-set on the record the task was offered with; it sends no
+///   in-progress ack, so a task that runs on past AckWait from its delivery is delivered
+///   again shortly before its lease ends and held back (a nak) until then. A heartbeat
 ///   extends the lease in the record, then sends in-progress. The record keeps the
 ///   message's ack token, so any broker on the same backend can finish a task, not only
 ///   the one that offered it. A write on a lease held here starts from the record as last
@@ -22,7 +28,9 @@
 ///   the record is read and the write tried again), so a complete or a heartbeat costs one
 ///   write, not a read and a write.
 /// - complete and fail check the lease in the record, commit the outcome, notify the
-///   submitter, and only then acknowledge the message (commit-then-ack). A holder whose
+///   submitter, and only then acknowledge the message (commit-then-ack; the
+///   acknowledgements of the job queue are not confirmed, `transport::acknowledge`: a lost
+///   one brings the message again, judged as above). A holder whose
 ///   lease is gone gets `lease_lost` and nothing is acknowledged. With
 ///   `job_events::async_notify` (the broker's default) complete and cancel return once the
 ///   outcome is committed; the notice and then the acknowledgement follow in the

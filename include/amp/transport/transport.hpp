@@ -10,7 +10,8 @@
 /// the same behaviour.
 ///
 /// Threads. Every member function is thread-safe. Operations come in two kinds:
-/// - data operations (`async_publish`, `async_fetch`, `async_acknowledge`, `async_kv_*`)
+/// - data operations (`async_publish`, `async_fetch`, `async_acknowledge`, `async_kv_*`;
+///   `acknowledge` sends without waiting for an outcome)
 ///   complete through a handler. The handler may run before the call returns (the
 ///   memory transport completes most operations at once), on the thread that made a
 ///   waiting fetch satisfiable (a publisher, or the clock's timer thread), or on a
@@ -361,6 +362,15 @@ class transport {
                          completion<void> done);
   result<void> ack(const message& msg);
   result<void> nak(const message& msg, duration delay = duration::zero());
+  /// Sends an acknowledgement without asking the backend to confirm it (JetStream's plain
+  /// ack, not AckSync): returns at once, never blocks and reports nothing, so the caller
+  /// saves a reply and a wait. One that does not take effect (the backend is away, the
+  /// consumer is gone, a token this transport did not issue) changes nothing: the message
+  /// stays pending and is delivered again after AckWait, as after a lost acknowledgement.
+  /// Use it where the outcome would be ignored anyway; a caller that must know that the
+  /// message is settled (before it answers, or before it counts) uses `async_acknowledge`.
+  /// Safe from a handler.
+  void acknowledge(const message& msg, ack_kind kind, duration nak_delay = duration::zero());
   result<void> in_progress(const message& msg);
   result<void> term(const message& msg);
 
@@ -450,6 +460,8 @@ class transport {
                               fetch_request request, completion<std::vector<message>> done) = 0;
   virtual void do_async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
                                     completion<void> done) = 0;
+  /// `acknowledge`; by default `do_async_acknowledge` with its outcome dropped.
+  virtual void do_acknowledge(const message& msg, ack_kind kind, duration nak_delay);
   virtual result<std::unique_ptr<subscription>> do_subscribe_ordered(
       const replay_request& request, std::function<void(const message&)> on_message) = 0;
   virtual result<void> do_ensure_bucket(const kv_config& config) = 0;

@@ -78,6 +78,9 @@ class jetstream_backend final : public transport,
   void do_async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
                             completion<void> done) override;
 
+  // A publish to the ack subject without a reply subject: the server confirms nothing.
+  void do_acknowledge(const message& msg, ack_kind kind, duration nak_delay) override;
+
   result<std::unique_ptr<subscription>> do_subscribe_ordered(
       const replay_request& request, std::function<void(const message&)> on_message) override;
 

@@ -207,23 +207,37 @@ result<void> jetstream_backend::do_delete_consumer(std::string_view stream,
   });
 }
 
+namespace {
+
+// Whether `msg` carries an ack token of this transport (the reply subject of a delivery).
+bool ours(const message& msg) {
+  return msg.ack_token.substr(0, k_ack_prefix.size()) == k_ack_prefix &&
+         subjects::check_subject(msg.ack_token).has_value();
+}
+
+std::string ack_body(ack_kind kind, duration nak_delay) {
+  switch (kind) {
+    case ack_kind::ack: return "+ACK";
+    case ack_kind::in_progress: return "+WPI";
+    case ack_kind::term: return "+TERM";
+    case ack_kind::nak: break;
+  }
+  return nak_delay > duration::zero() ? fmt::format(R"(-NAK {{"delay":{}}})", to_ns(nak_delay))
+                                      : "-NAK";
+}
+
+}  // namespace
+
+void jetstream_backend::do_acknowledge(const message& msg, ack_kind kind, duration nak_delay) {
+  if (!ours(msg)) return;
+  (void)conn_->publish_raw(msg.ack_token, nullptr, ack_body(kind, nak_delay), nullptr);
+}
+
 void jetstream_backend::do_async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,
                                              completion<void> done) {
   done = detail::guarded(std::move(done), sink_, "acknowledge");
-  if (msg.ack_token.substr(0, k_ack_prefix.size()) != k_ack_prefix ||
-      subjects::check_subject(msg.ack_token).has_value() == false) {
-    return done(error(errc::bad_request, "not an ack token of this transport"));
-  }
-  std::string body;
-  switch (kind) {
-    case ack_kind::ack: body = "+ACK"; break;
-    case ack_kind::in_progress: body = "+WPI"; break;
-    case ack_kind::term: body = "+TERM"; break;
-    case ack_kind::nak:
-      body = nak_delay > duration::zero() ? fmt::format(R"(-NAK {{"delay":{}}})", to_ns(nak_delay))
-                                          : "-NAK";
-      break;
-  }
+  if (!ours(msg)) return done(error(errc::bad_request, "not an ack token of this transport"));
+  std::string body = ack_body(kind, nak_delay);
   // Nobody serves the ack subject of a consumer that is gone (deleted, or removed by
   // its inactive_threshold): that is `not_found`, not a retry until the deadline.
   connection::responders_check gone;

@@ -259,7 +259,9 @@ void run_invariants(std::size_t tasks, int threads) {
   }
   CHECK(states[task_state::completed] > 0);
   CHECK(states[task_state::failed] > 0);
-  CHECK(must(fx->transport().stream_info_of(subjects::tasks_stream(cfg.ns))).state.messages == 0);
+  CHECK(eventually([&] {
+    return must(fx->transport().stream_info_of(subjects::tasks_stream(cfg.ns))).state.messages == 0;
+  }));
   WARN("ended: " << states[task_state::completed] << " completed, " << states[task_state::failed]
                  << " failed; " << check->unknown_acks_ << " acks of redelivered ended tasks");
 }

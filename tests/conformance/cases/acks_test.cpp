@@ -354,7 +354,8 @@ TEST_CASE("a stale ack from an earlier delivery applies to the message still pen
   }
 }
 
-TEST_CASE("an ack_token this transport did not issue is bad_request", "[acks]") {
+TEST_CASE("an ack_token this transport did not issue is bad_request, or dropped unconfirmed",
+          "[acks]") {
   auto fx = make_fixture();
   auto& t = fx->transport();
   auto sc = stream_cfg(*fx, "garbage", retention_policy::work_queue);
@@ -371,6 +372,9 @@ TEST_CASE("an ack_token this transport did not issue is bad_request", "[acks]") 
   SECTION("empty") {
     forged.ack_token.clear();
   }
+  SECTION("a subject with a wildcard") {
+    forged.ack_token = "$JS.ACK.*.>";
+  }
   SECTION("a message read with get_message") {
     forged = must(t.get_message(sc.name, 1));
   }
@@ -378,6 +382,10 @@ TEST_CASE("an ack_token this transport did not issue is bad_request", "[acks]") 
   CHECK(code_of(t.nak(forged)) == errc::bad_request);
   CHECK(code_of(t.in_progress(forged)) == errc::bad_request);
   CHECK(code_of(t.term(forged)) == errc::bad_request);
+  // Nor without a confirmation: it reports nothing and changes nothing.
+  for (auto kind : {ack_kind::ack, ack_kind::nak, ack_kind::in_progress, ack_kind::term}) {
+    t.acknowledge(forged, kind);
+  }
   // Nothing happened to the real delivery.
   CHECK(state_of(t, sc.name).messages == 1);
   CHECK(info_of(t, c).num_ack_pending == 1);
@@ -414,6 +422,47 @@ TEST_CASE("async_acknowledge completes exactly once for every kind", "[acks][asy
   CHECK(nak.calls() == 1);
   CHECK(ack.calls() == 1);
   CHECK(bad.calls() == 1);
+}
+
+/// Lets the fixture's clock run in small steps (at most 5 s) until `settled` holds: an
+/// unconfirmed acknowledgement takes effect after the call returns.
+template <class Predicate>
+bool settles(fixture& fx, Predicate settled) {
+  for (int i = 0; i < 500 && !settled(); ++i) fx.advance(10ms);
+  return settled();
+}
+
+TEST_CASE("acknowledge without a confirmation acks, naks and terms", "[acks][unconfirmed]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "plainack", retention_policy::work_queue);
+  auto s = create_stream(t, sc);
+  publish_ok(t, subject_in(sc, "a"), "acked");
+  publish_ok(t, subject_in(sc, "a"), "naked");
+  publish_ok(t, subject_in(sc, "a"), "termed");
+  auto c = consumer_cfg(*fx, sc, {}, 30s);
+  must(t.ensure_consumer(c));
+  auto got = fetch_now(t, c, 3);
+  REQUIRE(got.size() == 3);
+
+  t.acknowledge(got[0], ack_kind::ack);
+  t.acknowledge(got[2], ack_kind::term);
+  CHECK(settles(*fx, [&] { return state_of(t, sc.name).messages == 1; }));
+  CHECK(code_of(t.get_message(sc.name, 1)) == errc::not_found);
+  CHECK(code_of(t.get_message(sc.name, 3)) == errc::not_found);
+
+  t.acknowledge(got[1], ack_kind::nak);
+  std::vector<message> again;
+  CHECK(settles(*fx, [&] {
+    if (again.empty()) again = fetch_now(t, c, 3);
+    return !again.empty();
+  }));
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].data == "naked");
+  CHECK(again[0].delivery_count == 2);
+  t.acknowledge(again[0], ack_kind::ack);
+  CHECK(settles(*fx, [&] { return state_of(t, sc.name).messages == 0; }));
+  CHECK(info_of(t, c).num_ack_pending == 0);
 }
 
 }  // namespace
