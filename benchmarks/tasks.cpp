@@ -123,6 +123,41 @@ void become_worker(amp::client& w, int slots) {
   if (!reg) throw std::runtime_error("register: " + reg.error().to_string());
 }
 
+// Keeps a worker's registry entry live (it lapses after `registry_ttl_s` without a
+// heartbeat, and then the worker is offered nothing) for as long as it exists.
+class heartbeats {
+ public:
+  explicit heartbeats(amp::client& w)
+      : thread_([this, &w] {
+          auto every = std::chrono::seconds(std::max(1, w.heartbeat_s()));
+          std::unique_lock lock(mu_);
+          while (!cv_.wait_for(lock, every, [this] { return stop_; })) {
+            lock.unlock();
+            if (auto r = w.heartbeat(); !r) {
+              std::fprintf(stderr, "amp-bench-tasks: heartbeat: %s\n",
+                           r.error().to_string().c_str());
+            }
+            lock.lock();
+          }
+        }) {}
+  ~heartbeats() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  heartbeats(const heartbeats&) = delete;
+  heartbeats& operator=(const heartbeats&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 using amp::bench::body_at;
 
 // What the processes under test have spent so far: CPU of amp-server and nats-server,
@@ -172,6 +207,7 @@ throughput_result run_throughput(const std::string& url, const processes& measur
   auto ns = fmt::format("tp{}s{}r{}", ::getpid() % 100000, slots, run);
   auto worker = connect(url, "worker", ns);
   become_worker(*worker, slots);
+  heartbeats alive(*worker);
   auto producer = connect(url, "producer", ns);
   countdown finished;
   finished.left = n;
@@ -221,6 +257,7 @@ latency_result run_latency(const std::string& url, int n, double rate, int run) 
   auto ns = fmt::format("lat{}r{}", ::getpid() % 100000, run);
   auto worker = connect(url, "worker", ns);
   become_worker(*worker, 8);
+  heartbeats alive(*worker);
   auto producer = connect(url, "producer", ns);
   auto origin = steady::now();
   std::vector<double> latencies;
