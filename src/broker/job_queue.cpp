@@ -183,6 +183,27 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
 
   void forget_fresh(std::string_view task) { settle_fresh(task, std::nullopt); }
 
+  // Forgets every entry, running what waits for one (a fetch waiting on a closed job queue
+  // is answered `unavailable`).
+  void drop_fresh() {
+    std::map<std::string, fresh_entry, std::less<>> dropped;
+    {
+      std::lock_guard lock(mu);
+      dropped.swap(fresh_records);
+      fresh_order.clear();
+    }
+    for (auto& [task, e] : dropped) {
+      for (auto& w : e.waiting) w();
+    }
+  }
+
+  ~state() { drop_fresh(); }
+
+  bool is_closed() {
+    std::lock_guard lock(mu);
+    return closed;
+  }
+
   // Runs `then` once no task of `msgs` has a pending entry: at once, or on the thread that
   // settles the last of them.
   void when_written(const std::vector<message>& msgs, std::function<void()> then) {
@@ -589,7 +610,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     std::weak_ptr<state> weak = weak_from_this();
     when_written(*batch, [weak, batch, finish] {
       auto self = weak.lock();
-      if (!self) return (*finish)(closed_error());
+      if (!self || self->is_closed()) return (*finish)(closed_error());
       self->post([weak, batch, finish] {
         auto me = weak.lock();
         if (!me) return (*finish)(closed_error());
@@ -812,6 +833,7 @@ void job_queue::close() {
     left.swap(s_->leases);
   }
   for (auto& [task, h] : left) s_->t->clock()->cancel(h.timer);
+  s_->drop_fresh();
 }
 
 result<std::shared_ptr<job_queue>> job_queue::open(std::shared_ptr<transport> t,
@@ -1168,13 +1190,13 @@ result<task_record> job_queue::fail(const task_id& task, const participant_name&
 }
 
 result<task_record> job_queue::cancel(const task_id& task, const viewer& by) {
-  s_->forget_fresh(task.view());
   for (int round = 0; round < k_cas_rounds; ++round) {
     auto rec = s_->store->get(s_->config.ns, task);
     if (!rec) return rec;
     if (!by.admin && rec->submitted_by != by.who.str()) {
       return unexpected(errc::not_found, fmt::format("no task {}", task.view()));
     }
+    s_->forget_fresh(task.view());
     if (is_terminal(rec->state)) {
       return unexpected(errc::conflict,
                         fmt::format("task {} already {}", task.view(), to_string(rec->state)));

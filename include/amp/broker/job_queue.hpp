@@ -15,9 +15,10 @@
 ///   publishes again under the same message id, so it is never duplicated.
 /// - a task's message is judged by its record when it is fetched. The first delivery of a
 ///   task submitted through this job queue is judged by the record it wrote (kept from the
-///   submit, at most 16,384 of them; a fetch that brings the message before the record is
-///   written waits for the write): no read. A task changed meanwhile through another job
-///   queue (cancelled through another gateway) is then offered, and its claim is `conflict`.
+///   submit, at most 16,384 of them; an `async_fetch` that brings the message before the
+///   record is written waits for the write, the whole batch with it, while the blocking
+///   `fetch` reads instead): no read. A task changed meanwhile through another job queue
+///   (cancelled through another gateway) is then offered, and its claim is `conflict`.
 /// - a claim is a compare-and-set on the record the task was offered with; it sends no
 ///   in-progress ack, so a task that runs on past AckWait from its delivery is delivered
 ///   again shortly before its lease ends and held back (a nak) until then. A heartbeat

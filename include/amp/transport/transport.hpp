@@ -364,8 +364,10 @@ class transport {
   result<void> nak(const message& msg, duration delay = duration::zero());
   /// Sends an acknowledgement without asking the backend to confirm it (JetStream's plain
   /// ack, not AckSync): returns at once, never blocks and reports nothing, so the caller
-  /// saves a reply and a wait. One that does not take effect (the backend is away, the
-  /// consumer is gone, a token this transport did not issue) changes nothing: the message
+  /// saves a reply and a wait (JetStream: while the connection is down, it is sent as
+  /// `async_acknowledge` does, retried until the operation timeout, its outcome dropped).
+  /// One that does not take effect (the backend stays away, the consumer is gone, a token
+  /// this transport did not issue) changes nothing: the message
   /// stays pending and is delivered again after AckWait, as after a lost acknowledgement.
   /// Use it where the outcome would be ignored anyway; a caller that must know that the
   /// message is settled (before it answers, or before it counts) uses `async_acknowledge`.

@@ -79,6 +79,7 @@ class jetstream_backend final : public transport,
                             completion<void> done) override;
 
   // A publish to the ack subject without a reply subject: the server confirms nothing.
+  // While the connection is down, the confirmed form instead, its outcome dropped.
   void do_acknowledge(const message& msg, ack_kind kind, duration nak_delay) override;
 
   result<std::unique_ptr<subscription>> do_subscribe_ordered(

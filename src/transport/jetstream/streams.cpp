@@ -230,7 +230,12 @@ std::string ack_body(ack_kind kind, duration nak_delay) {
 
 void jetstream_backend::do_acknowledge(const message& msg, ack_kind kind, duration nak_delay) {
   if (!ours(msg)) return;
-  (void)conn_->publish_raw(msg.ack_token, nullptr, ack_body(kind, nak_delay), nullptr);
+  if (conn_->publish_raw(msg.ack_token, nullptr, ack_body(kind, nak_delay), nullptr) == NATS_OK) {
+    return;
+  }
+  // Not connected now (a reconnect): the request form tries again until its deadline, so
+  // an acknowledgement is not lost to a short outage (a late one only brings a re-judging).
+  do_async_acknowledge(msg, kind, nak_delay, [](result<void>) {});
 }
 
 void jetstream_backend::do_async_acknowledge(const message& msg, ack_kind kind, duration nak_delay,

@@ -131,6 +131,17 @@ class faulty_transport final : public transport {
     }
     inner_->async_acknowledge(msg, kind, delay, std::move(done));
   }
+  // The unconfirmed form goes to the inner transport's unconfirmed form; an injected fault
+  // drops it, as a lost acknowledgement.
+  void do_acknowledge(const message& msg, ack_kind kind, duration delay) override {
+    static constexpr std::string_view names[] = {"ack", "nak", "in_progress", "term"};
+    if (check(names[static_cast<int>(kind)], msg.ack_token)) return;
+    if (kind == ack_kind::nak && delay > duration::zero()) {
+      std::lock_guard lock(mu_);
+      delay += nak_extra_;
+    }
+    inner_->acknowledge(msg, kind, delay);
+  }
   result<std::unique_ptr<subscription>> do_subscribe_ordered(
       const replay_request& r, std::function<void(const message&)> on_message) override {
     return inner_->subscribe_ordered(r, std::move(on_message));
