@@ -8,6 +8,40 @@
 
 namespace amp::jetstream_detail {
 
+retired_msgs::~retired_msgs() {
+  for (auto* m : held_) destroy_(m);
+}
+
+void retired_msgs::retire(natsMsg* m) {
+  std::vector<natsMsg*> batch;
+  bool arm = false;
+  {
+    std::lock_guard lock(mu_);
+    held_.push_back(m);
+    if (held_.size() >= k_batch) {
+      batch.swap(held_);
+    } else if (!armed_) {
+      armed_ = arm = true;
+    }
+  }
+  for (auto* dead : batch) destroy_(dead);
+  if (!arm) return;
+  std::weak_ptr<retired_msgs> weak = weak_from_this();
+  clock_->call_at(clock_->now() + k_delay, [weak] {
+    if (auto self = weak.lock()) self->destroy_held();
+  });
+}
+
+void retired_msgs::destroy_held() {
+  std::vector<natsMsg*> batch;
+  {
+    std::lock_guard lock(mu_);
+    batch.swap(held_);
+    armed_ = false;
+  }
+  for (auto* dead : batch) destroy_(dead);
+}
+
 connection::~connection() {
   std::unordered_map<std::uint64_t, std::shared_ptr<pending_request>> left;
   {
@@ -149,7 +183,7 @@ natsStatus connection::publish_raw(const std::string& subject, const char* reply
     for (const auto& [k, v] : *headers) natsMsgHeader_Add(m, k.c_str(), v.c_str());
   }
   s = natsConnection_PublishMsg(nc_, m);
-  natsMsg_Destroy(m);
+  retired_->retire(m);
   return s;
 }
 
@@ -247,8 +281,10 @@ void connection::on_reply(natsConnection*, natsSubscription*, natsMsg* m, void* 
     } catch (...) {  // handlers are guarded: this is the transport's own failure
       detail::report_current_exception(*self->sink_, "the NATS reply subscription");
     }
+    self->retired_->retire(m);
+  } else {
+    natsMsg_Destroy(m);
   }
-  natsMsg_Destroy(m);
 }
 
 void connection::hand_back(natsMsg* m) {
@@ -339,7 +375,7 @@ void on_push(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
   } catch (...) {  // handlers are guarded by the queue: this is the transport's own failure
     detail::report_current_exception(st->sink, "an ordered consumer");
   }
-  natsMsg_Destroy(m);
+  st->retired->retire(m);
 }
 
 void free_push_state(void* closure) {

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "amp/transport/jetstream.hpp"
 #include "detail/guarded.hpp"
@@ -30,6 +31,38 @@ struct in_callback_scope {
   ~in_callback_scope() { --callback_depth; }
   in_callback_scope(const in_callback_scope&) = delete;
   in_callback_scope& operator=(const in_callback_scope&) = delete;
+};
+
+// Destroys received and sent messages in batches. natsMsg_Destroy hands each message to
+// cnats's collector thread and wakes that thread whenever it sleeps: at our rates, two
+// context switches for every message. A batch goes at k_batch messages, or k_delay after
+// the first of it on the clock; what is left when this is destroyed goes then.
+// Thread-safe.
+class retired_msgs : public std::enable_shared_from_this<retired_msgs> {
+ public:
+  static constexpr std::size_t k_batch = 256;
+  static constexpr duration k_delay = std::chrono::milliseconds(2);
+
+  using destroy_fn = void (*)(natsMsg*);
+
+  // `destroy` frees one message (tests count them).
+  explicit retired_msgs(std::shared_ptr<amp::clock> clock, destroy_fn destroy = natsMsg_Destroy)
+      : clock_(std::move(clock)), destroy_(destroy) {}
+  ~retired_msgs();
+  retired_msgs(const retired_msgs&) = delete;
+  retired_msgs& operator=(const retired_msgs&) = delete;
+
+  // Takes `m` (not null); it is destroyed later, on this thread or the clock's.
+  void retire(natsMsg* m);
+
+ private:
+  void destroy_held();
+
+  std::shared_ptr<amp::clock> clock_;
+  destroy_fn destroy_;
+  std::mutex mu_;
+  std::vector<natsMsg*> held_;
+  bool armed_ = false;
 };
 
 struct nats_reply {
@@ -52,7 +85,10 @@ class connection : public std::enable_shared_from_this<connection> {
  public:
   connection(std::shared_ptr<amp::clock> clock, duration op_timeout,
              std::shared_ptr<const detail::handler_error_sink> sink)
-      : clock_(std::move(clock)), op_timeout_(op_timeout), sink_(std::move(sink)) {}
+      : clock_(std::move(clock)),
+        op_timeout_(op_timeout),
+        sink_(std::move(sink)),
+        retired_(std::make_shared<retired_msgs>(clock_)) {}
 
   // Requests still outstanding are answered `unavailable` ("transport closed").
   ~connection();
@@ -64,6 +100,8 @@ class connection : public std::enable_shared_from_this<connection> {
   const std::shared_ptr<amp::clock>& clock() const { return clock_; }
   duration op_timeout() const { return op_timeout_; }
   const std::shared_ptr<const detail::handler_error_sink>& sink() const { return sink_; }
+  // Where the messages of this connection's subscriptions go when handled.
+  const std::shared_ptr<retired_msgs>& retired() const { return retired_; }
   time_point deadline() const { return clock_->now() + op_timeout_; }
 
   // Sends one message expecting responses on a fresh reply subject. Returns an error when
@@ -140,6 +178,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::shared_ptr<amp::clock> clock_;
   duration op_timeout_;
   std::shared_ptr<const detail::handler_error_sink> sink_;
+  std::shared_ptr<retired_msgs> retired_;
   natsConnection* nc_ = nullptr;
   jsCtx* js_ = nullptr;
   natsSubscription* mux_sub_ = nullptr;
@@ -178,6 +217,7 @@ struct push_state {
   detail::handler_error_sink sink;
   std::shared_ptr<serial_queue> queue;
   std::function<void(natsMsg*)> handle;  // runs on the cnats thread, pushes to the queue
+  std::shared_ptr<retired_msgs> retired;
 };
 
 void on_push(natsConnection*, natsSubscription*, natsMsg* m, void* closure);
