@@ -16,6 +16,7 @@
 #include "amp/detail/embedded_schemas.hpp"
 #include "amp/json.hpp"
 #include "detail/simdjson_adapter.hpp"
+#include "detail/simple_pattern.hpp"
 // valijson after the adapter: its templates need the adapter's traits.
 #include <valijson/schema.hpp>
 #include <valijson/schema_parser.hpp>
@@ -89,9 +90,12 @@ enum class matcher { automaton, backtracking };
 class pattern_constraint final : public own_constraint<pattern_constraint> {
  public:
   pattern_constraint(std::string_view pattern, matcher m)
-      : regex_(std::make_shared<const std::regex>(
-            m == matcher::automaton ? compile_search(pattern) : std::regex(std::string(pattern)))),
-        matcher_(m) {}
+      : simple_(detail::simple_pattern::parse(pattern)), matcher_(m) {
+    if (!simple_) {
+      regex_ = std::make_shared<const std::regex>(
+          m == matcher::automaton ? compile_search(pattern) : std::regex(std::string(pattern)));
+    }
+  }
 
   bool validate(const Adapter& target, const std::vector<std::string>& context,
                 ValidationResults* results) const override {
@@ -99,15 +103,17 @@ class pattern_constraint final : public own_constraint<pattern_constraint> {
       return true;
     }
     const std::string s = target.getString();
-    if (matcher_ == matcher::automaton ? std::regex_match(s, *regex_)
-                                       : std::regex_search(s, *regex_)) {
+    if (simple_                          ? simple_->matches(s)
+        : matcher_ == matcher::automaton ? std::regex_match(s, *regex_)
+                                         : std::regex_search(s, *regex_)) {
       return true;
     }
     return fail_with(results, context, "Failed to match regex specified by 'pattern' constraint.");
   }
 
  private:
-  std::shared_ptr<const std::regex> regex_;  // const matching is safe from any thread
+  std::optional<detail::simple_pattern> simple_;  // matched by hand when it is that simple
+  std::shared_ptr<const std::regex> regex_;       // const matching is safe from any thread
   matcher matcher_;
 };
 
