@@ -76,9 +76,9 @@ struct envelope_parts {
 
 /// An envelope as the broker stores it: stamped, checked in the spec's order, and written
 /// as JSON, once. Only `seal` makes one, so the primitives that take one
-/// (`inbox::async_send`, `topics::async_publish`) store it without checking or writing it
-/// again: a gateway that must check an envelope before it spends anything (rate, budget)
-/// seals it, then hands the sealed envelope on.
+/// (`inbox::async_send`, `topics::async_publish`, `job_queue::async_submit`) store it
+/// without checking or writing it again: a gateway that must check an envelope before it spends
+/// anything (rate, budget) seals it, then hands the sealed envelope on.
 class sealed_envelope {
  public:
   /// Stamps `id` (`parts.msg_id`, or a new unique one), `ns` and `ts` (`now`, to the

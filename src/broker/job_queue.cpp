@@ -874,33 +874,66 @@ result<submit_result> job_queue::submit(submit_request req) {
       [&](auto done) { async_submit(std::move(req), std::move(done)); });
 }
 
-void job_queue::async_submit(submit_request req, completion<submit_result> done) {
-  auto& job = s_->config.job(req.job);
-  int max_attempts = req.max_attempts.value_or(job.max_attempts);
+namespace {
+
+result<int> attempts_for(const job_config& job, std::optional<int> asked) {
+  int max_attempts = asked.value_or(job.max_attempts);
   if (max_attempts < 1 || max_attempts > k_max_attempts_limit) {
-    return done(unexpected(errc::bad_request, fmt::format("max_attempts must be 1 to {}, not {}",
-                                                          k_max_attempts_limit, max_attempts)));
+    return unexpected(errc::bad_request, fmt::format("max_attempts must be 1 to {}, not {}",
+                                                     k_max_attempts_limit, max_attempts));
   }
-  auto ts = s_->now();
-  auto id = s_->store->new_id();
+  return max_attempts;
+}
+
+}  // namespace
+
+void job_queue::async_submit(submit_request req, completion<submit_result> done) {
+  if (auto r = attempts_for(s_->config.job(req.job), req.max_attempts); !r) {
+    return done(r.error());
+  }
   auto sealed = sealed_envelope::seal({.from = req.from.str(),
                                        .to = req.job.str(),
                                        .body = std::move(req.body),
                                        .type = std::move(req.type),
                                        .headers = std::move(req.headers),
-                                       .msg_id = id.str()},
-                                      s_->config.ns.view(), ts);
+                                       .msg_id = s_->store->new_id().str()},
+                                      s_->config.ns.view(), s_->now());
   if (!sealed) return done(sealed.error());
-  const auto stamped = sealed->get().ts;
-  std::string data = std::move(*sealed).json();
+  async_submit(std::move(*sealed),
+               submit_options{.max_attempts = req.max_attempts,
+                              .idempotency_key = std::move(req.idempotency_key)},
+               std::move(done));
+}
+
+void job_queue::async_submit(sealed_envelope sealed, submit_options options,
+                             completion<submit_result> done) {
+  if (auto r = detail::check_sealed_for(sealed, s_->config.ns); !r) return done(r.error());
+  auto job = job_name::make(sealed.get().to);
+  if (!job) return done(unexpected(errc::invalid_name, "to: " + job.error().message()));
+  auto from = participant_name::make(sealed.get().from);
+  if (!from) return done(unexpected(errc::invalid_name, "from: " + from.error().message()));
+  auto made = task_id::make(sealed.get().id);
+  if (!made) {
+    return done(unexpected(errc::bad_request, "the sealed job message's id is not a task id: " +
+                                                  made.error().message()));
+  }
+  task_id id = std::move(*made);
+  auto attempts = attempts_for(s_->config.job(*job), options.max_attempts);
+  if (!attempts) return done(attempts.error());
+  const int max_attempts = *attempts;
+  const job_name& job_n = *job;
+  const participant_name& submitter = *from;
+  const auto stamped = sealed.get().ts;
+  std::string data = std::move(sealed).json();
   // No consumer here: the tasks stream keeps the message (work-queue retention) until the
   // first fetch of the job, by a worker that may take it, makes the job's consumer. A
   // submitter cannot make consumers by naming jobs nobody works on.
 
   bool created = true;
   std::string idem_key;
-  if (!req.idempotency_key.empty()) {
-    auto bound = s_->store->bind_idempotency_key(s_->config.ns, req.from, req.idempotency_key, id);
+  if (!options.idempotency_key.empty()) {
+    auto bound =
+        s_->store->bind_idempotency_key(s_->config.ns, submitter, options.idempotency_key, id);
     if (!bound) return done(bound.error());
     idem_key = bound->key;
     if (!bound->bound) {
@@ -918,7 +951,7 @@ void job_queue::async_submit(submit_request req, completion<submit_result> done)
   }
 
   outgoing_message msg{
-      .subject = subjects::job_subject(s_->config.ns, req.job),
+      .subject = subjects::job_subject(s_->config.ns, job_n),
       .data = std::move(data),
       .headers = {{std::string(k_task_header), id.str()},
                   {std::string(k_max_attempts_header), std::to_string(max_attempts)}},
@@ -926,10 +959,10 @@ void job_queue::async_submit(submit_request req, completion<submit_result> done)
   task_record r;
   r.task = id.str();
   r.ns = s_->config.ns.str();
-  r.job = req.job.str();
+  r.job = job_n.str();
   r.state = task_state::queued;
   r.max_attempts = max_attempts;
-  r.submitted_by = req.from.str();
+  r.submitted_by = submitter.str();
   r.created_at = stamped;
   r.updated_at = stamped;
   r.idem_key = std::move(idem_key);

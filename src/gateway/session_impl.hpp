@@ -303,8 +303,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   void on_submit(request& rq);
 
-  // Stores an admitted submit and answers it from the backend's completion.
-  void submit(const request& rq, detail::ns_state& st, submit_request req,
+  // Stores an admitted submit (its job message sealed with the task's id) and answers it
+  // from the backend's completion.
+  void submit(const request& rq, detail::ns_state& st, sealed_envelope env, submit_options options,
               const budget_spend& spend);
   void answer_submitted(const request& rq, const submit_result& submitted);
 

@@ -22,63 +22,59 @@ void session::impl::on_submit(request& rq) {
   if (auto r = check_body(body); !r) return fail(rq, r.error());
   auto type = string_or_empty(rq.frame, "type");
   auto headers = headers_at(rq.frame);
-  auto env = check_envelope(me, std::string(job.view()), body, type, headers, {});
-  if (!env) return fail(rq, env.error());
-  std::optional<int> max_attempts;
-  if (auto m = int_at(rq.frame, "max_attempts")) max_attempts = static_cast<int>(*m);
-  auto key = string_or_empty(rq.frame, "idempotency_key");
   const auto bytes = body.size();
-  submit_request req{.job = job,
-                     .from = me.participant,
-                     .body = std::move(body),
-                     .type = std::move(type),
-                     .headers = std::move(headers),
-                     .max_attempts = max_attempts,
-                     .idempotency_key = std::string(key)};
-  if (key.empty()) {
+  // Sealed once, here, with the task's id: the job queue stores it as it is.
+  auto env = check_envelope(me, std::string(job.view()), std::move(body), std::move(type),
+                            std::move(headers), st->b->tasks().new_id().str());
+  if (!env) return fail(rq, env.error());
+  submit_options options{.idempotency_key =
+                             std::string(string_or_empty(rq.frame, "idempotency_key"))};
+  if (auto m = int_at(rq.frame, "max_attempts")) options.max_attempts = static_cast<int>(*m);
+  if (options.idempotency_key.empty()) {
     if (!take_rate(rq, me, bytes)) return;
-    return gw->pol->async_spend_budget(me.ns, me.participant,
-                                       [self = shared_from_this(), rq = later(rq), st,
-                                        req = std::move(req)](result<budget_spend> spend) mutable {
-                                         // On the thread of whichever spend drives the counter:
-                                         // nothing may escape to it.
-                                         self->gw->run_here([&] {
-                                           if (!spend) return self->fail(rq, spend.error());
-                                           self->submit(rq, *st, std::move(req), *spend);
-                                         });
-                                       });
+    return gw->pol->async_spend_budget(
+        me.ns, me.participant,
+        [self = shared_from_this(), rq = later(rq), st, env = std::move(*env),
+         options = std::move(options)](result<budget_spend> spend) mutable {
+          // On the thread of whichever spend drives the counter: nothing may escape to it.
+          self->gw->run_here([&] {
+            if (!spend) return self->fail(rq, spend.error());
+            self->submit(rq, *st, std::move(env), std::move(options), *spend);
+          });
+        });
   }
   // A resubmission (an idempotency key already bound) counts against the rate, not the
   // budget: it is answered with its task even when the budget is spent. Finding the key's
   // binding blocks: a keyed submit runs on the executor (see runs_here).
   auto spend = admit(rq, me, bytes, [&]() -> result<bool> {
     auto bound = gw->timed([&] {
-      return st->b->tasks().find_idempotency_key(me.ns, me.participant, req.idempotency_key);
+      return st->b->tasks().find_idempotency_key(me.ns, me.participant, options.idempotency_key);
     });
     if (!bound) return bound.error();
     return !bound->has_value();
   });
-  if (spend) submit(rq, *st, std::move(req), *spend);
+  if (spend) submit(rq, *st, std::move(*env), std::move(options), *spend);
 }
 
-void session::impl::submit(const request& rq, detail::ns_state& st, submit_request req,
-                           const budget_spend& spend) {
+void session::impl::submit(const request& rq, detail::ns_state& st, sealed_envelope env,
+                           submit_options options, const budget_spend& spend) {
   auto started = std::chrono::steady_clock::now();
-  st.b->jobs().async_submit(std::move(req), [self = shared_from_this(), rq = later(rq), spend,
-                                             started](result<submit_result> submitted) {
-    self->gw->metrics.backend(seconds_since(started));
-    if (!submitted || !submitted->created) {
-      // A failure, or a resubmission (which counts against the rate, not the budget):
-      // the refund may block, so not on the transport's thread.
-      return self->gw->post([self, rq, spend, submitted] {
-        self->refund(spend);
-        if (!submitted) return self->fail(rq, submitted.error());
+  st.b->jobs().async_submit(
+      std::move(env), std::move(options),
+      [self = shared_from_this(), rq = later(rq), spend, started](result<submit_result> submitted) {
+        self->gw->metrics.backend(seconds_since(started));
+        if (!submitted || !submitted->created) {
+          // A failure, or a resubmission (which counts against the rate, not the budget):
+          // the refund may block, so not on the transport's thread.
+          return self->gw->post([self, rq, spend, submitted] {
+            self->refund(spend);
+            if (!submitted) return self->fail(rq, submitted.error());
+            self->answer_submitted(rq, *submitted);
+          });
+        }
+        self->gw->metrics.transition("queued");
         self->answer_submitted(rq, *submitted);
       });
-    }
-    self->gw->metrics.transition("queued");
-    self->answer_submitted(rq, *submitted);
-  });
 }
 
 void session::impl::answer_submitted(const request& rq, const submit_result& submitted) {

@@ -75,6 +75,12 @@ struct submit_request {
   std::string idempotency_key{};      ///< 1..256 bytes; empty: none
 };
 
+/// What a submit of a sealed job message adds to it (see `job_queue::async_submit`).
+struct submit_options {
+  std::optional<int> max_attempts{};  ///< 1..100; absent: the job's configuration
+  std::string idempotency_key{};      ///< 1..256 bytes; empty: none
+};
+
 struct submit_result {
   task_id task;
   bool created = true;  ///< false when the idempotency key was already bound
@@ -161,6 +167,14 @@ class job_queue {
   /// when the request is refused before anything is sent. With an idempotency key the key
   /// is bound first, blocking.
   void async_submit(submit_request request, completion<submit_result> done);
+  /// `async_submit` of a job message sealed already (`sealed_envelope::seal` with `to` the
+  /// job, `from` the submitter and `msg_id` a task id from `task_store::new_id`): its id
+  /// becomes the task's, its `ts` the task's creation, and its text is stored without being
+  /// checked or written again. Errors, leaving nothing stored: `bad_request` when it was
+  /// sealed for another namespace, is empty (its text taken), or its id is not a task id;
+  /// `invalid_name` ("to: …", "from: …") when `to` is not a job name or `from` not a
+  /// participant name; then those of `async_submit`.
+  void async_submit(sealed_envelope env, submit_options options, completion<submit_result> done);
 
   /// Up to `n` offers of `job`: waits up to `max_wait` for the first. Messages whose
   /// task ended are acknowledged, not offered; see the file comment. The first fetch of a

@@ -587,6 +587,79 @@ TEST_CASE("cancel: queued and running tasks end, terminal is conflict, others no
         std::set<std::string>{queued.str() + ".cancelled", running.str() + ".cancelled"});
 }
 
+result<submit_result> submit_sealed(job_queue& q, sealed_envelope env,
+                                    submit_options options = {}) {
+  std::promise<result<submit_result>> answer;
+  q.async_submit(std::move(env), std::move(options),
+                 [&](result<submit_result> r) { answer.set_value(std::move(r)); });
+  return answer.get_future().get();
+}
+
+TEST_CASE("a sealed job message is stored as it was sealed, under its id as the task", "[jobs]") {
+  jobs_env env;
+  auto now = env.fx().transport().clock()->now();
+  auto id = env.q->store()->new_id();
+  auto sealed = must(sealed_envelope::seal({.from = "alice",
+                                            .to = "resize",
+                                            .body = R"({ "w" : 640 })",
+                                            .type = "img.resize",
+                                            .headers = {{"k", "v"}},
+                                            .msg_id = id.str()},
+                                           env.cfg.ns.view(), now));
+  const envelope expected = sealed.get();
+  auto submitted = must(submit_sealed(*env.q, std::move(sealed), {.max_attempts = 2}));
+  CHECK(submitted.task == id);
+  CHECK(submitted.created);
+  auto rec = env.record(id);
+  CHECK(rec.state == task_state::queued);
+  CHECK(rec.job == "resize");
+  CHECK(rec.submitted_by == "alice");
+  CHECK(rec.max_attempts == 2);
+  CHECK(rec.created_at == expected.ts);
+  auto offered = env.one_offer();
+  CHECK(offered.task.task == id.str());
+  CHECK(offered.env == expected);
+  must(env.q->claim(offered, env.w1));
+  CHECK(env.record(id).owner == "w1");
+}
+
+TEST_CASE(
+    "a sealed job message for another namespace, from the broker, with another id or "
+    "emptied stores nothing",
+    "[jobs]") {
+  jobs_env env;
+  auto now = env.fx().transport().clock()->now();
+  auto seal = [&](std::string from, std::string msg_id, std::string_view ns) {
+    return must(sealed_envelope::seal(
+        {.from = std::move(from), .to = "resize", .body = "1", .msg_id = std::move(msg_id)}, ns,
+        now));
+  };
+  auto r = submit_sealed(*env.q, seal("alice", env.q->store()->new_id().str(), "elsewhere"));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::bad_request);
+  CHECK(r.error().message().find("elsewhere") != std::string::npos);
+  r = submit_sealed(*env.q, seal("$broker", env.q->store()->new_id().str(), env.cfg.ns.view()));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::invalid_name);
+  CHECK(r.error().message().rfind("from: ", 0) == 0);
+  r = submit_sealed(*env.q, seal("alice", "m-1", env.cfg.ns.view()));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::bad_request);
+  CHECK(r.error().message().find("task id") != std::string::npos);
+  auto taken = seal("alice", env.q->store()->new_id().str(), env.cfg.ns.view());
+  CHECK_FALSE(std::string(std::move(taken).json()).empty());
+  r = submit_sealed(*env.q, std::move(taken));
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::bad_request);
+  r = submit_sealed(*env.q, seal("alice", env.q->store()->new_id().str(), env.cfg.ns.view()),
+                    {.max_attempts = 0});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().code() == errc::bad_request);
+  CHECK(r.error().message().find("max_attempts") != std::string::npos);
+  CHECK(env.stored_messages() == 0);
+  CHECK(env.offers_now().empty());
+}
+
 TEST_CASE("the same idempotency key returns the same task", "[jobs]") {
   jobs_env env;
   auto a = must(env.q->submit(
