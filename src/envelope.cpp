@@ -5,6 +5,7 @@
 #include "amp/json.hpp"
 #include "amp/schema.hpp"
 #include "amp/timestamp.hpp"
+#include "detail/envelope_check.hpp"
 #include "detail/simdjson_adapter.hpp"
 
 namespace amp {
@@ -39,8 +40,10 @@ result<envelope> parse_envelope(std::string_view json) {
   if (auto code = parser.parse(json.data(), json.size()).get(root)) {
     return detail::not_json_error(code);
   }
-  if (auto valid = detail::schema_access::validate(*schema, root); !valid) {
-    return std::move(valid).error();
+  if (!detail::surely_valid_envelope(root)) {
+    if (auto valid = detail::schema_access::validate(*schema, root); !valid) {
+      return std::move(valid).error();
+    }
   }
 
   // From here on the schema guarantees an object with members of the right types.
