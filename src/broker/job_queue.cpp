@@ -900,12 +900,12 @@ void job_queue::async_submit(submit_request req, completion<submit_result> done)
                                       s_->config.ns.view(), s_->now());
   if (!sealed) return done(sealed.error());
   async_submit(std::move(*sealed),
-               submit_options{.max_attempts = req.max_attempts,
-                              .idempotency_key = std::move(req.idempotency_key)},
+               job_submit_options{.max_attempts = req.max_attempts,
+                                  .idempotency_key = std::move(req.idempotency_key)},
                std::move(done));
 }
 
-void job_queue::async_submit(sealed_envelope sealed, submit_options options,
+void job_queue::async_submit(sealed_envelope sealed, job_submit_options options,
                              completion<submit_result> done) {
   if (auto r = detail::check_sealed_for(sealed, s_->config.ns); !r) return done(r.error());
   auto job = job_name::make(sealed.get().to);

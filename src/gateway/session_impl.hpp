@@ -305,8 +305,8 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   // Stores an admitted submit (its job message sealed with the task's id) and answers it
   // from the backend's completion.
-  void submit(const request& rq, detail::ns_state& st, sealed_envelope env, submit_options options,
-              const budget_spend& spend);
+  void submit(const request& rq, detail::ns_state& st, sealed_envelope env,
+              job_submit_options options, const budget_spend& spend);
   void answer_submitted(const request& rq, const submit_result& submitted);
 
   // Takes the open offer of `task` away from this session, cancelling its lapse timer.

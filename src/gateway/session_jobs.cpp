@@ -27,8 +27,8 @@ void session::impl::on_submit(request& rq) {
   auto env = check_envelope(me, std::string(job.view()), std::move(body), std::move(type),
                             std::move(headers), st->b->tasks().new_id().str());
   if (!env) return fail(rq, env.error());
-  submit_options options{.idempotency_key =
-                             std::string(string_or_empty(rq.frame, "idempotency_key"))};
+  job_submit_options options{.idempotency_key =
+                                 std::string(string_or_empty(rq.frame, "idempotency_key"))};
   if (auto m = int_at(rq.frame, "max_attempts")) options.max_attempts = static_cast<int>(*m);
   if (options.idempotency_key.empty()) {
     if (!take_rate(rq, me, bytes)) return;
@@ -57,7 +57,7 @@ void session::impl::on_submit(request& rq) {
 }
 
 void session::impl::submit(const request& rq, detail::ns_state& st, sealed_envelope env,
-                           submit_options options, const budget_spend& spend) {
+                           job_submit_options options, const budget_spend& spend) {
   auto started = std::chrono::steady_clock::now();
   st.b->jobs().async_submit(
       std::move(env), std::move(options),

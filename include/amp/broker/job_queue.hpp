@@ -76,7 +76,7 @@ struct submit_request {
 };
 
 /// What a submit of a sealed job message adds to it (see `job_queue::async_submit`).
-struct submit_options {
+struct job_submit_options {
   std::optional<int> max_attempts{};  ///< 1..100; absent: the job's configuration
   std::string idempotency_key{};      ///< 1..256 bytes; empty: none
 };
@@ -174,7 +174,8 @@ class job_queue {
   /// sealed for another namespace, is empty (its text taken), or its id is not a task id;
   /// `invalid_name` ("to: …", "from: …") when `to` is not a job name or `from` not a
   /// participant name; then those of `async_submit`.
-  void async_submit(sealed_envelope env, submit_options options, completion<submit_result> done);
+  void async_submit(sealed_envelope env, job_submit_options options,
+                    completion<submit_result> done);
 
   /// Up to `n` offers of `job`: waits up to `max_wait` for the first. Messages whose
   /// task ended are acknowledged, not offered; see the file comment. The first fetch of a

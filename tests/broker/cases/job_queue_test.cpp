@@ -588,7 +588,7 @@ TEST_CASE("cancel: queued and running tasks end, terminal is conflict, others no
 }
 
 result<submit_result> submit_sealed(job_queue& q, sealed_envelope env,
-                                    submit_options options = {}) {
+                                    job_submit_options options = {}) {
   std::promise<result<submit_result>> answer;
   q.async_submit(std::move(env), std::move(options),
                  [&](result<submit_result> r) { answer.set_value(std::move(r)); });
