@@ -76,6 +76,12 @@ message token_message(const task_record& r) {
 struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   explicit state(broker_config c) : config(std::move(c)) {}
 
+  // Stores a submit whose message (`data`, stamped `stamped`, its id `id`) and fields are
+  // checked: binds the idempotency key, publishes the message, writes the record.
+  void submit(std::string data, task_id id, const job_name& job, const participant_name& submitter,
+              time_point stamped, int max_attempts, const std::string& idempotency_key,
+              completion<submit_result> done);
+
   std::shared_ptr<transport> t;
   std::shared_ptr<task_store> store;
   broker_config config;
@@ -887,59 +893,24 @@ result<int> attempts_for(const job_config& job, std::optional<int> asked) {
 
 }  // namespace
 
-void job_queue::async_submit(submit_request req, completion<submit_result> done) {
-  if (auto r = attempts_for(s_->config.job(req.job), req.max_attempts); !r) {
-    return done(r.error());
-  }
-  auto sealed = sealed_envelope::seal({.from = req.from.str(),
-                                       .to = req.job.str(),
-                                       .body = std::move(req.body),
-                                       .type = std::move(req.type),
-                                       .headers = std::move(req.headers),
-                                       .msg_id = s_->store->new_id().str()},
-                                      s_->config.ns.view(), s_->now());
-  if (!sealed) return done(sealed.error());
-  async_submit(std::move(*sealed),
-               job_submit_options{.max_attempts = req.max_attempts,
-                                  .idempotency_key = std::move(req.idempotency_key)},
-               std::move(done));
-}
-
-void job_queue::async_submit(sealed_envelope sealed, job_submit_options options,
-                             completion<submit_result> done) {
-  if (auto r = detail::check_sealed_for(sealed, s_->config.ns); !r) return done(r.error());
-  auto job = job_name::make(sealed.get().to);
-  if (!job) return done(unexpected(errc::invalid_name, "to: " + job.error().message()));
-  auto from = participant_name::make(sealed.get().from);
-  if (!from) return done(unexpected(errc::invalid_name, "from: " + from.error().message()));
-  auto made = task_id::make(sealed.get().id);
-  if (!made) {
-    return done(unexpected(errc::bad_request, "the sealed job message's id is not a task id: " +
-                                                  made.error().message()));
-  }
-  task_id id = std::move(*made);
-  auto attempts = attempts_for(s_->config.job(*job), options.max_attempts);
-  if (!attempts) return done(attempts.error());
-  const int max_attempts = *attempts;
-  const job_name& job_n = *job;
-  const participant_name& submitter = *from;
-  const auto stamped = sealed.get().ts;
-  std::string data = std::move(sealed).json();
+void job_queue::state::submit(std::string data, task_id id, const job_name& job,
+                              const participant_name& submitter, time_point stamped,
+                              int max_attempts, const std::string& idempotency_key,
+                              completion<submit_result> done) {
   // No consumer here: the tasks stream keeps the message (work-queue retention) until the
   // first fetch of the job, by a worker that may take it, makes the job's consumer. A
   // submitter cannot make consumers by naming jobs nobody works on.
 
   bool created = true;
   std::string idem_key;
-  if (!options.idempotency_key.empty()) {
-    auto bound =
-        s_->store->bind_idempotency_key(s_->config.ns, submitter, options.idempotency_key, id);
+  if (!idempotency_key.empty()) {
+    auto bound = store->bind_idempotency_key(config.ns, submitter, idempotency_key, id);
     if (!bound) return done(bound.error());
     idem_key = bound->key;
     if (!bound->bound) {
       created = false;
       id = bound->task;
-      auto existing = s_->store->get(s_->config.ns, id);
+      auto existing = store->get(config.ns, id);
       if (existing) return done(submit_result{id, false});
       if (existing.error().code() != errc::not_found) return done(existing.error());
       // An earlier submission was cut short: finish it, under its task id.
@@ -951,45 +922,80 @@ void job_queue::async_submit(sealed_envelope sealed, job_submit_options options,
   }
 
   outgoing_message msg{
-      .subject = subjects::job_subject(s_->config.ns, job_n),
+      .subject = subjects::job_subject(config.ns, job),
       .data = std::move(data),
       .headers = {{std::string(k_task_header), id.str()},
                   {std::string(k_max_attempts_header), std::to_string(max_attempts)}},
       .msg_id = id.str()};
   task_record r;
   r.task = id.str();
-  r.ns = s_->config.ns.str();
-  r.job = job_n.str();
+  r.ns = config.ns.str();
+  r.job = job.str();
   r.state = task_state::queued;
   r.max_attempts = max_attempts;
   r.submitted_by = submitter.str();
   r.created_at = stamped;
   r.updated_at = stamped;
   r.idem_key = std::move(idem_key);
-  std::weak_ptr<state> weak = s_;
-  if (created) s_->expect_fresh(r.task);
-  s_->t->async_publish(std::move(msg), [weak, r = std::move(r), id, created,
-                                        done = std::move(done)](
-                                           result<publish_ack> published) mutable {
-    auto s = weak.lock();
+  std::weak_ptr<state> weak = weak_from_this();
+  if (created) expect_fresh(r.task);
+  t->async_publish(std::move(msg), [weak, r = std::move(r), id, created,
+                                    done = std::move(done)](result<publish_ack> published) mutable {
+    auto self = weak.lock();
     if (!published) {
-      if (s) s->settle_fresh(id.view(), std::nullopt);
+      if (self) self->settle_fresh(id.view(), std::nullopt);
       return done(std::move(published).error());
     }
-    if (!s) return done(submit_result{id, created});
+    if (!self) return done(submit_result{id, created});
     r.job_seq = published->seq;
     // The message is durable now, so the task exists whatever happens to its record:
     // a `conflict` means a fetch adopted it already; any other failure leaves the
     // record to be made by the fetch that adopts the message. Answering an error here
     // would invite a second submission.
-    s->store->async_create(std::move(r), [weak, id, created, done = std::move(done)](
-                                             result<task_record> stored) mutable {
-      if (auto self = weak.lock()) {
-        self->settle_fresh(id.view(), stored ? std::optional(std::move(*stored)) : std::nullopt);
+    self->store->async_create(std::move(r), [weak, id, created, done = std::move(done)](
+                                                result<task_record> stored) mutable {
+      if (auto still = weak.lock()) {
+        still->settle_fresh(id.view(), stored ? std::optional(std::move(*stored)) : std::nullopt);
       }
       done(submit_result{id, created});
     });
   });
+}
+
+void job_queue::async_submit(submit_request req, completion<submit_result> done) {
+  auto attempts = attempts_for(s_->config.job(req.job), req.max_attempts);
+  if (!attempts) return done(attempts.error());
+  auto id = s_->store->new_id();
+  auto sealed = sealed_envelope::seal({.from = req.from.str(),
+                                       .to = req.job.str(),
+                                       .body = std::move(req.body),
+                                       .type = std::move(req.type),
+                                       .headers = std::move(req.headers),
+                                       .msg_id = id.str()},
+                                      s_->config.ns.view(), s_->now());
+  if (!sealed) return done(sealed.error());
+  const auto stamped = sealed->get().ts;
+  s_->submit(std::move(*sealed).json(), std::move(id), req.job, req.from, stamped, *attempts,
+             req.idempotency_key, std::move(done));
+}
+
+void job_queue::async_submit(sealed_envelope sealed, job_submit_options options,
+                             completion<submit_result> done) {
+  if (auto r = detail::check_sealed_for(sealed, s_->config.ns); !r) return done(r.error());
+  auto job = job_name::make(sealed.get().to);
+  if (!job) return done(unexpected(errc::invalid_name, "to: " + job.error().message()));
+  auto from = participant_name::make(sealed.get().from);
+  if (!from) return done(unexpected(errc::invalid_name, "from: " + from.error().message()));
+  auto id = task_id::make(sealed.get().id);
+  if (!id) {
+    return done(unexpected(errc::bad_request, "the sealed job message's id is not a task id: " +
+                                                  id.error().message()));
+  }
+  auto attempts = attempts_for(s_->config.job(*job), options.max_attempts);
+  if (!attempts) return done(attempts.error());
+  const auto stamped = sealed.get().ts;
+  s_->submit(std::move(sealed).json(), std::move(*id), *job, *from, stamped, *attempts,
+             options.idempotency_key, std::move(done));
 }
 
 result<std::vector<offer>> job_queue::fetch(const job_name& job, std::size_t n, duration max_wait) {
