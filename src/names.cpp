@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "detail/name_rules.hpp"
+
 namespace amp {
 namespace {
 
@@ -17,15 +19,9 @@ constexpr std::string_view k_name_allowed =
 constexpr std::string_view k_token_allowed =
     "(allowed in a token: a-z, 0-9, '_', '-'; must start with a-z or 0-9)";
 
-bool is_lower(char c) noexcept {
-  return c >= 'a' && c <= 'z';
-}
-bool is_digit(char c) noexcept {
-  return c >= '0' && c <= '9';
-}
-bool is_dash_or_underscore(char c) noexcept {
-  return c == '_' || c == '-';
-}
+using detail::is_dash_or_underscore;
+using detail::is_digit;
+using detail::is_lower;
 
 // Appends `c` escaped so that the output stays printable ASCII; `quote` is the quote
 // character the value is written inside, which gets a backslash too.

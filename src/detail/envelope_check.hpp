@@ -14,42 +14,11 @@
 #include <optional>
 #include <string_view>
 
+#include "detail/name_rules.hpp"
+
 namespace amp::detail {
 
 namespace envelope_check {
-
-inline bool lower_or_digit(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
-}
-
-inline bool name_char(char c) {
-  return lower_or_digit(c) || c == '_' || c == '-';
-}
-
-inline bool digit(char c) {
-  return c >= '0' && c <= '9';
-}
-
-// One token of `first` then up to 63 name characters: `^[first][a-z0-9_-]{0,63}`.
-inline bool token(std::string_view s, bool digit_first) {
-  if (s.empty() || s.size() > 64) return false;
-  if (!(digit_first ? lower_or_digit(s[0]) : (s[0] >= 'a' && s[0] <= 'z'))) return false;
-  for (std::size_t i = 1; i < s.size(); ++i) {
-    if (!name_char(s[i])) return false;
-  }
-  return true;
-}
-
-// `^[a-z0-9][a-z0-9_-]{0,63}(\.[a-z0-9][a-z0-9_-]{0,63}){0,7}$`
-inline bool dotted(std::string_view s) {
-  for (int tokens = 1; tokens <= 8; ++tokens) {
-    const auto dot = s.find('.');
-    if (!token(s.substr(0, dot), true)) return false;
-    if (dot == std::string_view::npos) return true;
-    s.remove_prefix(dot + 1);
-  }
-  return false;
-}
 
 // Code points as valijson counts them (UTF-8 lead bytes); nothing when `s` holds a NUL,
 // where valijson stops counting.
@@ -79,7 +48,7 @@ inline bool printable_id(std::string_view s) {
 
 // `^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$` (ASCII: 1..128 characters too).
 inline bool type_name(std::string_view s) {
-  auto alnum = [](char c) { return digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); };
+  auto alnum = [](char c) { return is_digit(c) || is_lower(c) || (c >= 'A' && c <= 'Z'); };
   if (s.empty() || s.size() > 128 || !alnum(s[0])) return false;
   for (std::size_t i = 1; i < s.size(); ++i) {
     if (!(alnum(s[i]) || s[i] == '.' || s[i] == '_' || s[i] == '-')) return false;
@@ -94,18 +63,18 @@ inline bool timestamp_shape(std::string_view s) {
   for (std::size_t i = 0; i < k_shape.size(); ++i) {
     const char want = k_shape[i];
     const char c = s[i];
-    if (want == 'd' ? !digit(c) : want == 'T' ? (c != 'T' && c != 't') : c != want) return false;
+    if (want == 'd' ? !is_digit(c) : want == 'T' ? (c != 'T' && c != 't') : c != want) return false;
   }
   std::size_t at = k_shape.size();
   if (at < s.size() && s[at] == '.') {
     const std::size_t start = ++at;
-    while (at < s.size() && digit(s[at])) ++at;
+    while (at < s.size() && is_digit(s[at])) ++at;
     if (at == start || at - start > 9) return false;
   }
   const auto rest = s.substr(at);
   if (rest == "Z" || rest == "z") return true;
-  return rest.size() == 6 && (rest[0] == '+' || rest[0] == '-') && digit(rest[1]) &&
-         digit(rest[2]) && rest[3] == ':' && digit(rest[4]) && digit(rest[5]);
+  return rest.size() == 6 && (rest[0] == '+' || rest[0] == '-') && is_digit(rest[1]) &&
+         is_digit(rest[2]) && rest[3] == ':' && is_digit(rest[4]) && is_digit(rest[5]);
 }
 
 inline bool string_that(simdjson::dom::element value, bool (*check)(std::string_view)) {
@@ -142,13 +111,14 @@ inline bool surely_valid_envelope(simdjson::dom::element root) {
       ok = string_that(value, printable_id);
     } else if (key == "from") {
       required |= 2;
-      ok = string_that(value, [](std::string_view s) { return s == "$broker" || token(s, false); });
+      ok = string_that(
+          value, [](std::string_view s) { return s == broker_sender || is_single_token_name(s); });
     } else if (key == "to") {
       required |= 4;
-      ok = string_that(value, dotted);
+      ok = string_that(value, is_topic_name);
     } else if (key == "ns") {
       required |= 8;
-      ok = string_that(value, [](std::string_view s) { return token(s, false); });
+      ok = string_that(value, is_single_token_name);
     } else if (key == "ts") {
       required |= 16;
       ok = string_that(value, timestamp_shape);
@@ -159,7 +129,7 @@ inline bool surely_valid_envelope(simdjson::dom::element root) {
     } else if (key == "headers") {
       ok = headers_ok(value);
     } else if (key == "reply_to") {
-      ok = string_that(value, [](std::string_view s) { return token(s, false); });
+      ok = string_that(value, is_single_token_name);
     } else if (key == "correlation") {
       ok = string_that(value, [](std::string_view s) { return length_within(s, 1, 256); });
     }
