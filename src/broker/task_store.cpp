@@ -51,6 +51,9 @@ constexpr duration k_sweep_idle = std::chrono::minutes(10);
 constexpr duration k_sweep_retry = std::chrono::seconds(5);
 constexpr duration k_sweep_pace = std::chrono::seconds(1);
 constexpr duration k_sweep_ack_wait = std::chrono::minutes(1);
+// Pauses before an end that was not stored is sent again: the first, doubling to the limit.
+constexpr duration k_end_retry_first = std::chrono::milliseconds(500);
+constexpr duration k_end_retry_limit = std::chrono::seconds(30);
 
 std::optional<task_state> state_from(std::string_view s) {
   for (auto st : {task_state::queued, task_state::running, task_state::completed,
@@ -560,38 +563,50 @@ result<task_record> task_store::update(task_record r) {
 void task_store::async_update(task_record r, completion<task_record> done) {
   std::string key;
   if (auto k = key_of(r, key); !k) return done(k.error());
-  // The end first: a record that ends is always swept in time, whatever fails after.
-  if (sweeper_ && is_terminal(r.state)) return end_then_write(std::move(r), key, std::move(done));
+  // A write that ends the task goes out right behind its end, without waiting for it: the
+  // answer is the write's. An end that is not stored is sent again (send_end), so a record
+  // that ends is swept in time even if its end was refused; an end whose write fails is
+  // dropped by the sweeper, which finds the record not ended.
+  if (sweeper_ && is_terminal(r.state)) {
+    auto ns = *namespace_name::make(r.ns);  // checked by key_of
+    send_end({.subject = subjects::ended_subject(ns),
+              .data = r.task,
+              .msg_id = fmt::format("{}.{}", r.task, r.revision)},
+             0);
+  }
   write(std::move(r), key, std::move(done));
 }
 
-void task_store::end_then_write(task_record r, std::string key, completion<task_record> done,
-                                bool again) {
-  auto ns = *namespace_name::make(r.ns);  // checked by key_of
-  outgoing_message end{.subject = subjects::ended_subject(ns),
-                       .data = r.task,
-                       .msg_id = fmt::format("{}.{}", r.task, r.revision)};
+void task_store::send_end(outgoing_message end, int attempt) {
   std::weak_ptr<task_store> weak = weak_from_this();
-  transport_->async_publish(
-      std::move(end), [weak, r = std::move(r), key = std::move(key), again,
-                       done = std::move(done)](result<publish_ack> sent) mutable {
-        auto self = weak.lock();
-        if (!self) return done(unexpected(errc::unavailable, "the task store is closed"));
-        if (!sent && sent.error().code() == errc::not_found && !again) {
-          // The stream of ends was deleted: made again (blocking, so on the sweeper's
-          // executor), then the end is sent once more.
-          auto sweeping = self->sweeper_;
-          return sweeping->post([weak, sweeping, r = std::move(r), key = std::move(key),
-                                 done = std::move(done)]() mutable {
-            auto store = weak.lock();
-            if (!store) return done(unexpected(errc::unavailable, "the task store is closed"));
-            if (auto made = sweeping->ensure(); !made) return done(std::move(made).error());
-            store->end_then_write(std::move(r), std::move(key), std::move(done), true);
-          });
-        }
-        if (!sent) return done(std::move(sent).error());
-        self->write(std::move(r), key, std::move(done));
+  auto copy = end;
+  transport_->async_publish(std::move(copy), [weak, end = std::move(end),
+                                              attempt](result<publish_ack> sent) mutable {
+    if (sent) return;
+    auto self = weak.lock();
+    if (!self) return;
+    // The stream of ends was deleted: it is made again (blocking, so on the sweeper's
+    // executor) before the end is sent once more, at once the first time. Refused or
+    // unanswered otherwise (the backend is away; the end may have been stored, which its
+    // msg_id makes harmless to repeat): again after a pause that doubles up to a limit.
+    const bool remake = sent.error().code() == errc::not_found;
+    auto again = [weak, end = std::move(end), attempt, remake]() mutable {
+      auto store = weak.lock();
+      if (!store) return;
+      if (!remake) return store->send_end(std::move(end), attempt + 1);
+      auto sweeping = store->sweeper_;
+      sweeping->post([weak, sweeping, end = std::move(end), attempt]() mutable {
+        auto again_store = weak.lock();
+        if (!again_store) return;
+        (void)sweeping->ensure();  // if it fails, the next attempt finds out and waits
+        again_store->send_end(std::move(end), attempt + 1);
       });
+    };
+    if (remake && attempt == 0) return again();
+    const auto& clock = self->transport_->clock();
+    const auto pause = std::min(k_end_retry_limit, k_end_retry_first * (1 << std::min(attempt, 8)));
+    clock->call_at(clock->now() + pause, std::move(again));
+  });
 }
 
 void task_store::write(task_record r, const std::string& key, completion<task_record> done) {

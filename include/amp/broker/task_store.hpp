@@ -7,8 +7,10 @@
 /// keeps the idempotency index: an idempotency key of a submitter maps to one task id for
 /// as long as the store keeps the task.
 ///
-/// Retention: a write that ends a task first records the end in the stream
-/// `AMP_ENDED_<ns>`; the store's sweeper takes each end once `task_retention` has passed
+/// Retention: a write that ends a task records the end in the stream `AMP_ENDED_<ns>`
+/// (sent just before the write, not waited for; an end that is not stored is sent again in
+/// the background until it is, while the store is open: docs/broker.md); the store's
+/// sweeper takes each end once `task_retention` has passed
 /// since it and removes the task's record, with its history, and its idempotency binding,
 /// leaving no marker (`transport::async_kv_erase`). Several stores on one namespace (one
 /// per server) share the sweeping through one durable consumer.
@@ -115,8 +117,8 @@ class task_store : public std::enable_shared_from_this<task_store> {
                                             const std::vector<task_id>& tasks);
   /// Writes `r` only when the task's latest revision is `r.revision`; returns the record
   /// with its new revision. `conflict` when the task moved on (someone else won). A record
-  /// in a terminal state is first recorded as ended (see Retention above): when that
-  /// fails, nothing is written and the error is returned.
+  /// in a terminal state is also recorded as ended (see Retention above); the answer is the
+  /// write's, whatever becomes of that.
   result<task_record> update(task_record r);
   /// `update`, asynchronously, like `async_create`.
   void async_update(task_record r, completion<task_record> done);
@@ -155,8 +157,9 @@ class task_store : public std::enable_shared_from_this<task_store> {
 
  private:
   void write(task_record r, const std::string& key, completion<task_record> done);
-  void end_then_write(task_record r, std::string key, completion<task_record> done,
-                      bool again = false);
+  // Records the end of a task in the stream of ends, until it is stored or this store is
+  // gone (`attempt`: how many times it was sent before).
+  void send_end(outgoing_message end, int attempt);
 
   std::shared_ptr<transport> transport_;
   std::string bucket_;

@@ -1205,7 +1205,52 @@ TEST_CASE("a deleted stream of ends is made again: tasks still end and are still
   must(env.q->claim(env.one_offer(), env.w1));
   must(env.q->complete(id, env.w1, "1"));
   CHECK(env.record(id).state == task_state::completed);
-  CHECK(must(env.t->stream_info_of(ends)).state.messages == 1);
+  // The end, refused with the stream gone, is sent again once the stream is made again.
+  REQUIRE(eventually([&] {
+    auto info = env.t->stream_info_of(ends);
+    return info && info->state.messages == 1;
+  }));
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    env.advance(env.cfg.task_retention / 5);
+    gone = code_of(env.q->get(id, viewer{.who = env.alice, .admin = true})) == errc::not_found;
+  }
+  CHECK(gone);
+}
+
+TEST_CASE("an end the backend refuses is sent again: the task ends at once and is still removed",
+          "[jobs][retention]") {
+  jobs_env env(3, [](bool real_time, broker_config& c) {
+    c.task_retention = real_time ? std::chrono::seconds(2) : std::chrono::hours(24);
+  });
+  const auto ends = subjects::ended_stream(env.cfg.ns);
+  const auto ended = subjects::ended_subject(env.cfg.ns);
+  std::atomic<int> refused{0};
+  env.t->set_fault([&](std::string_view op, std::string_view subject) -> std::optional<error> {
+    if (op != "publish" || subject != ended) return std::nullopt;
+    ++refused;
+    return error(errc::unavailable, "backend away");
+  });
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  // The write that ends the task does not wait for its end.
+  must(env.q->complete(id, env.w1, "1"));
+  CHECK(env.record(id).state == task_state::completed);
+  // Sent again after a pause (500 ms, then doubling), until stored.
+  for (int i = 0; i < 30 && refused.load() < 3; ++i) {
+    env.advance(std::chrono::seconds(1));
+    (void)eventually([&] { return refused.load() >= 3; }, std::chrono::milliseconds(50));
+  }
+  REQUIRE(refused.load() >= 3);
+  CHECK(must(env.t->stream_info_of(ends)).state.messages == 0);
+  env.t->set_fault({});
+  bool stored = false;
+  for (int i = 0; i < 60 && !stored; ++i) {
+    env.advance(std::chrono::seconds(1));
+    stored = eventually([&] { return must(env.t->stream_info_of(ends)).state.messages == 1; },
+                        std::chrono::milliseconds(50));
+  }
+  REQUIRE(stored);
   bool gone = false;
   for (int i = 0; i < 100 && !gone; ++i) {
     env.advance(env.cfg.task_retention / 5);
