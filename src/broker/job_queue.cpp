@@ -1064,7 +1064,8 @@ result<void> job_queue::decline(const offer& o) {
 }
 
 result<void> job_queue::release(const offer& o) {
-  return s_->t->nak(o.msg);
+  s_->t->acknowledge(o.msg, ack_kind::nak);
+  return {};
 }
 
 result<lease> job_queue::heartbeat(const task_id& task, const participant_name& who,

@@ -40,9 +40,11 @@ std::string without_final_newline(std::string s) {
   return s;
 }
 
+// `freed`: slots of `w` counted as free although still busy.
 bool eligible(const detail::worker& w, const job_name& job,
-              const std::map<std::string, registry_entry, std::less<>>& live, time_point now) {
-  if (!w.registered || w.slots <= w.busy()) return false;
+              const std::map<std::string, registry_entry, std::less<>>& live, time_point now,
+              int freed = 0) {
+  if (!w.registered || w.slots <= w.busy() - freed) return false;
   if (std::find(w.jobs.begin(), w.jobs.end(), job) == w.jobs.end()) return false;
   auto it = live.find(w.who);
   return it != live.end() && it->second.expires_at > now;
@@ -260,6 +262,69 @@ void gateway::impl::pump(const std::shared_ptr<detail::ns_state>& st, const job_
                                 self->deliver_offers(ns, job, std::move(r));
                               self->in_flight.fetch_sub(1);
                             });
+}
+
+std::shared_ptr<detail::fetch_ahead> gateway::impl::fetch_ahead(
+    const std::shared_ptr<detail::ns_state>& st, const void* worker, std::string_view task) {
+  if (shutting_down) return nullptr;
+  std::optional<job_name> job;
+  {
+    std::lock_guard lock(st->mu);
+    auto wit = st->workers.find(worker);
+    if (wit == st->workers.end()) return nullptr;
+    auto l = wit->second.leases.find(task);
+    if (l == wit->second.leases.end()) return nullptr;
+    if (auto j = job_name::make(l->second)) job = std::move(*j);
+  }
+  // Setting a job up for fetching blocks: that is left to the pump after the complete.
+  if (!job || !st->b->jobs().fetch_ready(*job)) return nullptr;
+  std::size_t free = 0;
+  auto now = clk->now();
+  {
+    std::lock_guard lock(st->mu);
+    if (st->fetching.contains(job->view()) || st->retry_armed.contains(job->view())) return nullptr;
+    for (const auto& [key, w] : st->workers) {
+      const int freed = key == worker && w.leases.contains(task) ? 1 : 0;
+      if (eligible(w, *job, st->live, now, freed))
+        free += static_cast<std::size_t>(w.slots - w.busy() + freed);
+    }
+    if (free == 0) return nullptr;
+    st->fetching.insert(job->str());
+  }
+  auto ahead = std::make_shared<detail::fetch_ahead>(*job);
+  std::weak_ptr<impl> weak = shared_from_this();
+  std::weak_ptr<detail::ns_state> weak_st = st;
+  // Counted until its offers are delivered: after the complete's outcome.
+  in_flight.fetch_add(1);
+  st->b->jobs().async_fetch(*job, std::min(free, k_max_fetch), k_fetch_wait,
+                            [weak, weak_st, ahead](result<std::vector<offer>> r) {
+                              auto self = weak.lock();
+                              if (!self) return;
+                              {
+                                std::lock_guard lock(ahead->mu);
+                                if (!ahead->settled) {
+                                  ahead->got = std::move(r);
+                                  return;
+                                }
+                              }
+                              if (auto ns = weak_st.lock())
+                                self->deliver_offers(ns, ahead->job, std::move(r));
+                              self->in_flight.fetch_sub(1);
+                            });
+  return ahead;
+}
+
+void gateway::impl::fetch_ahead_settled(const std::shared_ptr<detail::ns_state>& st,
+                                        const std::shared_ptr<detail::fetch_ahead>& ahead) {
+  std::optional<result<std::vector<offer>>> got;
+  {
+    std::lock_guard lock(ahead->mu);
+    ahead->settled = true;
+    got.swap(ahead->got);
+  }
+  if (!got) return;  // the fetch delivers when it comes back
+  deliver_offers(st, ahead->job, std::move(*got));
+  in_flight.fetch_sub(1);
 }
 
 void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, const job_name& job,

@@ -46,8 +46,9 @@ struct worker {
   std::string meta = "{}";
   std::map<std::string, open_offer, std::less<>> offers;
   std::map<std::string, std::string, std::less<>> leases;  // task -> its job
+  int claiming = 0;  // offers taken by a claim whose answer has not come: their slots stay taken
 
-  int busy() const { return static_cast<int>(offers.size() + leases.size()); }
+  int busy() const { return static_cast<int>(offers.size() + leases.size()) + claiming; }
 };
 
 // One namespace served by this gateway: its broker, the registry as this gateway sees it,
@@ -66,6 +67,17 @@ struct ns_state {
   std::uint64_t offers_made = 0;                   // numbers the open offers
 
   explicit ns_state(namespace_name n) : ns(std::move(n)) {}
+};
+
+// A fetch started while a `complete` frees a slot (gateway::impl::fetch_ahead): what it
+// brings is offered once the complete has its outcome, so the fetch's round trip overlaps
+// the complete's instead of following it.
+struct fetch_ahead {
+  explicit fetch_ahead(job_name j) : job(std::move(j)) {}
+  job_name job;
+  std::mutex mu;
+  bool settled = false;                           // the complete has its outcome
+  std::optional<result<std::vector<offer>>> got;  // the fetch came back first
 };
 
 // What the gateway asks of a session (defined with it in session.cpp).
@@ -116,6 +128,16 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
   void deliver_offers(const std::shared_ptr<detail::ns_state>& ns, const job_name& job,
                       result<std::vector<offer>> r);
   void pump_all(const std::shared_ptr<detail::ns_state>& ns, const std::vector<job_name>& jobs);
+  // Called as the worker `worker` sends `complete` for `task`: starts the fetch that the
+  // slot it frees would start, counting that slot as free already, when the task's job has
+  // no fetch out and its consumer is set up. Null when it starts none. Whatever the
+  // complete's outcome, the caller then calls fetch_ahead_settled, after it freed the slot
+  // (or found it still held): the offers go out then, to workers with a free slot (the
+  // others are handed back).
+  std::shared_ptr<detail::fetch_ahead> fetch_ahead(const std::shared_ptr<detail::ns_state>& ns,
+                                                   const void* worker, std::string_view task);
+  void fetch_ahead_settled(const std::shared_ptr<detail::ns_state>& ns,
+                           const std::shared_ptr<detail::fetch_ahead>& ahead);
   // A session's offer is over (claimed elsewhere, lapsed, declined or its session left):
   // hand it back to the queue when `release`, then offer again. A lapsed offer is not
   // handed back: the consumer's AckWait brings it again, and by then another gateway may

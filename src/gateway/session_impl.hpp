@@ -309,8 +309,11 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
               job_submit_options options, const budget_spend& spend);
   void answer_submitted(const request& rq, const submit_result& submitted);
 
-  // Takes the open offer of `task` away from this session, cancelling its lapse timer.
-  std::optional<offer> take_offer(detail::ns_state& st, std::string_view task);
+  // Takes the open offer of `task` away from this session, cancelling its lapse timer;
+  // nothing when there is none. `claiming`: the offer's slot stays taken, as a lease, while the
+  // claim is in flight (the claim's answer keeps or drops it), so that no other offer takes that
+  // slot meanwhile.
+  std::optional<offer> take_offer(detail::ns_state& st, std::string_view task, bool claiming);
 
   void on_claim(request& rq);
 

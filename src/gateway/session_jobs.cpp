@@ -88,7 +88,8 @@ void session::impl::answer_submitted(const request& rq, const submit_result& sub
   reply_members(rq, w.take());
 }
 
-std::optional<offer> session::impl::take_offer(detail::ns_state& st, std::string_view task) {
+std::optional<offer> session::impl::take_offer(detail::ns_state& st, std::string_view task,
+                                               bool claiming) {
   std::lock_guard lock(st.mu);
   auto wit = st.workers.find(this);
   if (wit == st.workers.end()) return std::nullopt;
@@ -96,6 +97,7 @@ std::optional<offer> session::impl::take_offer(detail::ns_state& st, std::string
   if (it == wit->second.offers.end()) return std::nullopt;
   auto o = std::move(it->second);
   wit->second.offers.erase(it);
+  if (claiming) ++wit->second.claiming;
   gw->clk->cancel(o.lapse);
   return std::move(o.o);
 }
@@ -105,7 +107,7 @@ void session::impl::on_claim(request& rq) {
   auto& me = here.first;
   auto& st = here.second;
   auto task = string_or_empty(rq.frame, "task");
-  auto o = take_offer(*st, task);
+  auto o = take_offer(*st, task, true);
   if (!o)
     return fail(rq, errc::not_found,
                 fmt::format("no open offer of task {} for you", amp::quoted(task)));
@@ -114,6 +116,15 @@ void session::impl::on_claim(request& rq) {
       *o, me.participant,
       [self = shared_from_this(), rq = later(rq), st, o = *o, started](result<lease> l) {
         self->gw->metrics.backend(seconds_since(started));
+        {
+          std::lock_guard lock(st->mu);
+          // Not for a session that closed meanwhile: the lease runs out in the broker.
+          auto it = st->workers.find(self.get());
+          if (it != st->workers.end()) {
+            --it->second.claiming;
+            if (l) it->second.leases.insert_or_assign(o.task.task, o.task.job);
+          }
+        }
         if (!l) {
           // Handing the offer back may block: not on the transport's thread.
           return self->gw->post([self, rq, st, o, l] {
@@ -121,12 +132,6 @@ void session::impl::on_claim(request& rq) {
             auto code = l.error().code();  // conflict, not_found: the offer is over already
             self->gw->offer_done(st, o, code != errc::conflict && code != errc::not_found);
           });
-        }
-        {
-          std::lock_guard lock(st->mu);
-          // Not for a session that closed meanwhile: the lease runs out in the broker.
-          auto it = st->workers.find(self.get());
-          if (it != st->workers.end()) it->second.leases.insert_or_assign(o.task.task, o.task.job);
         }
         self->gw->metrics.transition("running");
         json_writer w;
@@ -140,7 +145,7 @@ void session::impl::on_decline(request& rq) {
   auto here = who();
   auto& st = here.second;
   auto task = string_or_empty(rq.frame, "task");
-  auto o = take_offer(*st, task);
+  auto o = take_offer(*st, task, false);
   if (!o)
     return fail(rq, errc::not_found,
                 fmt::format("no open offer of task {} for you", amp::quoted(task)));
@@ -189,13 +194,15 @@ void session::impl::on_complete(request& rq) {
                           "/result"));
   }
   auto started = std::chrono::steady_clock::now();
+  auto ahead = gw->fetch_ahead(st, this, t.view());
   st->b->jobs().async_complete(
       t, me.participant, std::string(result_json), attempt_of(rq.frame),
-      [self = shared_from_this(), rq = later(rq), st, t, who = me.participant,
-       started](result<completion_result> done) {
+      [self = shared_from_this(), rq = later(rq), st, t, who = me.participant, started,
+       ahead](result<completion_result> done) {
         self->gw->metrics.backend(seconds_since(started));
         if (!done) {
           self->fail(rq, done.error());
+          if (ahead) self->gw->fetch_ahead_settled(st, ahead);
           if (done.error().code() != errc::lease_lost) return;
           // Freeing the slot offers more work, which may block: not on this thread.
           return self->gw->post([self, st, t, who] { self->lease_refused(st, who, t); });
@@ -209,6 +216,11 @@ void session::impl::on_complete(request& rq) {
         // The freed slot is offered more work at once, unless setting its job up for
         // fetching would block this (the transport's) thread.
         auto job = job_name::make(done->task.job);
+        if (ahead) {
+          // The fetch for the freed slot is out already (the pump finds it so).
+          self->lease_over(st, t.view(), done->task.job);
+          return self->gw->fetch_ahead_settled(st, ahead);
+        }
         if (job && st->b->jobs().fetch_ready(*job))
           return self->lease_over(st, t.view(), job->view());
         self->gw->post(

@@ -200,7 +200,10 @@ class job_queue {
   void async_claim(const offer& o, const participant_name& who, completion<lease> done);
   /// Hands an offer back: offered again after the job's `decline_delay`; no attempt.
   result<void> decline(const offer& o);
-  /// Hands an offer back at once (its session went away); no attempt.
+  /// Hands an offer back at once (its session went away, or no session could take it); no
+  /// attempt. Sent without waiting for the backend to confirm it (`transport::acknowledge`):
+  /// it never blocks, so it is safe on a transport thread, and it always succeeds; if it is
+  /// lost, the message comes back after the consumer's AckWait.
   result<void> release(const offer& o);
 
   /// Extends `who`'s lease on `task`. `lease_lost` when `who` does not hold a live lease

@@ -11,7 +11,9 @@
 // `delivered_at`), as over a slow network. `hold_updates` keeps the compare-and-set updates of
 // the keys it names in flight: each is answered `unavailable` at once and reaches the real
 // transport only at `land_held`, in the order they were made (a write whose answer was lost
-// with a dying stream leader, applied by the next one).
+// with a dying stream leader, applied by the next one). `defer_updates` keeps the
+// compare-and-set updates of the keys it names from going anywhere, unanswered, until
+// `release_deferred` sends them on (a backend that is slow to answer).
 
 #include <functional>
 #include <future>
@@ -67,6 +69,27 @@ class faulty_transport final : public transport {
       landed->get_future().wait();
     }
     return held.size();
+  }
+
+  void defer_updates(std::function<bool(std::string_view key)> which) {
+    std::lock_guard lock(mu_);
+    defer_ = std::move(which);
+  }
+
+  /// Stops deferring and sends the deferred updates on, in the order they were made; how
+  /// many there were. Their answers come as the real transport gives them.
+  std::size_t release_deferred() {
+    std::vector<deferred_update> deferred;
+    {
+      std::lock_guard lock(mu_);
+      defer_ = {};
+      deferred.swap(deferred_);
+    }
+    for (auto& d : deferred) {
+      inner_->async_kv_update(d.bucket, d.key, std::move(d.value), d.revision, d.ttl,
+                              std::move(d.done));
+    }
+    return deferred.size();
   }
 
   capabilities caps() const override { return inner_->caps(); }
@@ -162,6 +185,11 @@ class faulty_transport final : public transport {
     if (auto e = check("kv_update", k)) return done(std::move(*e));
     {
       std::unique_lock lock(mu_);
+      if (defer_ && defer_(k)) {
+        deferred_.push_back(deferred_update{std::string(b), std::string(k), std::move(v), rev, ttl,
+                                            std::move(done)});
+        return;
+      }
       if (hold_ && hold_(k)) {
         held_.push_back(held_update{std::string(b), std::string(k), std::move(v), rev, ttl});
         lock.unlock();
@@ -223,6 +251,16 @@ class faulty_transport final : public transport {
   duration receipt_extra_{};
   std::function<bool(std::string_view)> hold_;
   std::vector<held_update> held_;
+  struct deferred_update {
+    std::string bucket;
+    std::string key;
+    std::string value;
+    std::uint64_t revision = 0;
+    std::optional<duration> ttl;
+    completion<std::uint64_t> done;
+  };
+  std::function<bool(std::string_view)> defer_;
+  std::vector<deferred_update> deferred_;
 };
 
 }  // namespace amp::broker_testing

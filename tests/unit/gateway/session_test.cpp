@@ -504,6 +504,83 @@ TEST_CASE("a lease whose end the backend could not judge is judged when it is ba
   CHECK(tasks.contains(offer->str("/task")));
 }
 
+TEST_CASE("the slot of an offer being claimed is not offered again before the claim's answer",
+          "[session]") {
+  faulty_rig f;
+  auto& rig = f.rig;
+  auto& faults = f.faults;
+  auto w1 = rig.connect("w1");
+  REQUIRE(w1.request(R"({"op":"register","id":1,"jobs":["j"],"slots":1})", "1").op() == "ok");
+  auto producer = rig.connect("prod");
+  auto first = producer.request(R"({"op":"submit","id":2,"job":"j","body":1})", "2").str("/task");
+  auto offered = w1.next("offer");
+  REQUIRE(offered);
+  REQUIRE(offered->str("/task") == first);
+  // The claim's write stays unanswered: w1's one slot is neither free nor leased yet.
+  faults->defer_updates([](std::string_view) { return true; });
+  w1.send(R"({"op":"claim","id":3,"task":")" + first + "\"}");
+  auto second = producer.request(R"({"op":"submit","id":4,"job":"j","body":2})", "4").str("/task");
+  // A second worker registering offers the job's work again: the second task goes to it,
+  // not to w1.
+  auto w2 = rig.connect("w2");
+  REQUIRE(w2.request(R"({"op":"register","id":5,"jobs":["j"],"slots":1})", "5").op() == "ok");
+  auto to_w2 = w2.next("offer");
+  REQUIRE(to_w2);
+  CHECK(to_w2->str("/task") == second);
+  CHECK_FALSE(w1.next("offer"));
+  CHECK(faults->release_deferred() == 1);
+  w1.collect();
+  CHECK(w1.count("ok") == 1);
+  CHECK_FALSE(w1.next("offer"));
+}
+
+TEST_CASE(
+    "the task for a slot that a complete frees is fetched meanwhile, offered after its answer",
+    "[session]") {
+  faulty_rig f;
+  auto& rig = f.rig;
+  auto& faults = f.faults;
+  auto w1 = rig.connect("w1");
+  REQUIRE(w1.request(R"({"op":"register","id":1,"jobs":["j"],"slots":1})", "1").op() == "ok");
+  auto producer = rig.connect("prod");
+  auto first = producer.request(R"({"op":"submit","id":2,"job":"j","body":1})", "2").str("/task");
+  REQUIRE(w1.next("offer"));
+  auto claimed = w1.request(R"({"op":"claim","id":3,"task":")" + first + "\"}", "3");
+  REQUIRE(claimed.op() == "ok");
+  const auto attempt = std::to_string(claimed.num("/attempt"));
+  auto second = producer.request(R"({"op":"submit","id":4,"job":"j","body":2})", "4").str("/task");
+  CHECK_FALSE(w1.next("offer"));  // its one slot is taken
+
+  // A complete that names another attempt fails at once: the task fetched meanwhile finds
+  // no free slot and is handed back, not lost.
+  auto wrong = w1.request(
+      R"({"op":"complete","id":5,"task":")" + first + R"(","attempt":99,"result":1})", "5");
+  CHECK(wrong.code() == "lease_lost");
+  CHECK_FALSE(w1.next("offer"));
+
+  // The complete's write stays unanswered: the second task is fetched, but not offered.
+  std::atomic<int> fetches{0};
+  faults->set_fault([&](std::string_view op, std::string_view) -> std::optional<amp::error> {
+    if (op == "fetch") ++fetches;
+    return std::nullopt;
+  });
+  faults->defer_updates([](std::string_view) { return true; });
+  w1.send(R"({"op":"complete","id":6,"task":")" + first + R"(","attempt":)" + attempt +
+          R"(,"result":1})");
+  CHECK(fetches.load() == 1);
+  CHECK_FALSE(w1.next("offer"));
+  CHECK(w1.count("ok") == 0);
+  CHECK(faults->release_deferred() >= 1);
+  // The answer first, then the offer of the second task to the freed slot.
+  w1.collect();
+  REQUIRE(w1.seen.size() >= 2);
+  CHECK(w1.seen[0].op() == "ok");
+  CHECK(w1.seen[0].raw("/id") == "6");
+  auto offered = w1.next("offer");
+  REQUIRE(offered);
+  CHECK(offered->str("/task") == second);
+}
+
 TEST_CASE("decline offers again without an attempt, an unclaimed offer lapses, fail with retry",
           "[session]") {
   gateway_rig rig([](amp::server_config& c) {
