@@ -50,6 +50,23 @@ bool eligible(const detail::worker& w, const job_name& job,
   return it != live.end() && it->second.expires_at > now;
 }
 
+// Marks a fetch of `job` as out and returns how many tasks it may bring (the free slots of
+// the eligible sessions, the lease on `task` of session `freeing` counted as free), unless a
+// fetch is out or waits to be retried, or no slot is free: then 0 and nothing is marked.
+std::size_t start_fetching(detail::ns_state& st, const job_name& job, time_point now,
+                           const void* freeing = nullptr, std::string_view task = {}) {
+  std::lock_guard lock(st.mu);
+  if (st.fetching.contains(job.view()) || st.retry_armed.contains(job.view())) return 0;
+  std::size_t free = 0;
+  for (const auto& [key, w] : st.workers) {
+    const int freed = freeing && key == freeing && w.leases.contains(task) ? 1 : 0;
+    if (eligible(w, job, st.live, now, freed))
+      free += static_cast<std::size_t>(w.slots - w.busy() + freed);
+  }
+  if (free > 0) st.fetching.insert(job.str());
+  return free;
+}
+
 std::string presence_frame(const presence_event& ev) {
   json_writer w;
   w.begin_object().key("op").string("presence").key("participant").string(ev.participant.view());
@@ -239,17 +256,8 @@ void gateway::impl::pump_all(const std::shared_ptr<detail::ns_state>& ns,
 
 void gateway::impl::pump(const std::shared_ptr<detail::ns_state>& st, const job_name& job) {
   if (shutting_down) return;
-  std::size_t free = 0;
-  auto now = clk->now();
-  {
-    std::lock_guard lock(st->mu);
-    if (st->fetching.contains(job.view()) || st->retry_armed.contains(job.view())) return;
-    for (const auto& [key, w] : st->workers) {
-      if (eligible(w, job, st->live, now)) free += static_cast<std::size_t>(w.slots - w.busy());
-    }
-    if (free == 0) return;
-    st->fetching.insert(job.str());
-  }
+  const auto free = start_fetching(*st, job, clk->now());
+  if (free == 0) return;
   // Weak: a fetch waiting in the backend must not keep the gateway alive.
   std::weak_ptr<impl> weak = shared_from_this();
   std::weak_ptr<detail::ns_state> weak_st = st;
@@ -278,19 +286,8 @@ std::shared_ptr<detail::fetch_ahead> gateway::impl::fetch_ahead(
   }
   // Setting a job up for fetching blocks: that is left to the pump after the complete.
   if (!job || !st->b->jobs().fetch_ready(*job)) return nullptr;
-  std::size_t free = 0;
-  auto now = clk->now();
-  {
-    std::lock_guard lock(st->mu);
-    if (st->fetching.contains(job->view()) || st->retry_armed.contains(job->view())) return nullptr;
-    for (const auto& [key, w] : st->workers) {
-      const int freed = key == worker && w.leases.contains(task) ? 1 : 0;
-      if (eligible(w, *job, st->live, now, freed))
-        free += static_cast<std::size_t>(w.slots - w.busy() + freed);
-    }
-    if (free == 0) return nullptr;
-    st->fetching.insert(job->str());
-  }
+  const auto free = start_fetching(*st, *job, clk->now(), worker, task);
+  if (free == 0) return nullptr;
   auto ahead = std::make_shared<detail::fetch_ahead>(*job);
   std::weak_ptr<impl> weak = shared_from_this();
   std::weak_ptr<detail::ns_state> weak_st = st;
