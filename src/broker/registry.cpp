@@ -17,6 +17,7 @@
 #include "amp/timestamp.hpp"
 #include "broker/common.hpp"
 #include "detail/simdjson_adapter.hpp"
+#include "detail/write_batch.hpp"
 
 namespace amp {
 namespace {
@@ -197,6 +198,7 @@ result<std::vector<kv_entry>> list_bucket(transport& t, const std::string& bucke
                                l->cv.notify_all();
                              }});
   if (!sub) return std::move(sub).error();
+  detail::write_batch::flush();
   std::unique_lock lock(l->mu);
   bool done = l->cv.wait_for(lock, k_listing_timeout, [&] { return l->done; });
   auto entries = std::move(l->entries);
@@ -524,6 +526,7 @@ struct registry::impl : std::enable_shared_from_this<impl> {
                                   w->cv.notify_all();
                                 }});
     if (!sub) return sub;
+    detail::write_batch::flush();
     std::unique_lock lock(w->mu);
     if (!w->cv.wait_for(lock, k_listing_timeout, [&] { return w->caught_up; })) {
       lock.unlock();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "amp/result.hpp"
+#include "detail/write_batch.hpp"
 
 namespace amp::detail {
 
@@ -22,6 +23,7 @@ result<T> wait_for(Start&& start) {
   auto promise = std::make_shared<std::promise<result<T>>>();
   auto future = promise->get_future();
   start([promise](result<T> r) { promise->set_value(std::move(r)); });
+  write_batch::flush();
   return future.get();
 }
 
@@ -45,6 +47,7 @@ std::vector<result<T>> wait_for_all(std::size_t n, Start&& start) {
       if (--s->left == 0) s->cv.notify_all();
     });
   }
+  write_batch::flush();
   std::unique_lock lock(s->mu);
   s->cv.wait(lock, [&] { return s->left == 0; });
   std::vector<result<T>> out;

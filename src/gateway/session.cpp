@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "amp/detail/embedded_schemas.hpp"
+#include "detail/write_batch.hpp"
 
 namespace amp {
 
@@ -584,6 +585,8 @@ session::session(std::shared_ptr<impl> p) : impl_(std::move(p)) {}
 session::~session() = default;
 
 void session::receive(std::string_view text) {
+  // What the frame publishes to the backend goes out in one write when it has been handled.
+  detail::write_batch batch;
   impl_->receive(text);
 }
 

@@ -167,7 +167,8 @@ class session {
 
   /// One text frame from the client (UTF-8; one JSON object). Never throws, never blocks
   /// on the backend. Frames after `closed` (or after the session asked to close) are
-  /// ignored.
+  /// ignored. What handling the frame on this thread publishes to a JetStream backend is
+  /// written in one write when this returns.
   void receive(std::string_view text);
   /// A binary frame from the client: answered with `bad_request` (spec §1).
   void receive_binary();

@@ -18,6 +18,13 @@
 /// on the very thread that waits for it. Administrative operations block the calling
 /// thread for at most `op_timeout`.
 ///
+/// Writes. A thread of the transport reads the connection's socket (cnats's external event
+/// loop interface). A publish is written on the thread that made it, right after it, except
+/// that what handlers on the reply thread publish is written once the answers already
+/// queued behind theirs have been handled (at most 32 of them), all in one write; the amp
+/// gateway does the same for what one frame publishes. Before any blocking wait, the
+/// waiting thread writes what it holds.
+///
 /// cnats locks. The first connection opens cnats with a lock spin count of 0 (cnats's
 /// default spins 2,000 times on a contended mutex before it sleeps, which on a small machine
 /// takes the CPU from the thread being waited for); the environment variable

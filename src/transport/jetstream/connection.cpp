@@ -64,7 +64,12 @@ connection::~connection() {
   }
   if (js_) jsCtx_Destroy(js_);
   if (nc_) {
+    // What is buffered (acks, say) goes out before the socket closes.
+    flush_writes();
     natsConnection_Close(nc_);
+    // No call into cnats is left on the loop's thread once it is joined; only then may the
+    // connection be freed.
+    loop_.reset();
     natsConnection_Destroy(nc_);
   }
 }
@@ -88,7 +93,19 @@ result<void> connection::open(const jetstream_options& o) {
                       fmt::format("bad nats url \"{}\"", redact_nats_url(o.url)));
   }
   natsOptions_SetName(opts, o.name.c_str());
+  // SendAsap: a publish asks to be written at once instead of waking cnats's flusher thread,
+  // which waits a millisecond before it writes; with the socket loop that request is served
+  // by the publisher or its write batch (socket_loop.hpp).
   natsOptions_SetSendAsap(opts, true);
+  try {
+    loop_ = std::make_unique<socket_loop>();
+  } catch (const std::exception& e) {
+    return unexpected(errc::internal,
+                      fmt::format("cannot start the NATS socket thread: {}", e.what()));
+  }
+  if (loop_->install(opts) != NATS_OK) {
+    return unexpected(errc::internal, "cannot use the NATS socket thread");
+  }
   natsOptions_SetTimeout(opts, std::max<std::int64_t>(1, to_ms(o.connect_timeout)));
   natsOptions_SetMaxReconnect(opts, -1);
   natsOptions_SetReconnectWait(opts, std::max<std::int64_t>(1, to_ms(o.reconnect_wait)));
@@ -170,21 +187,33 @@ natsStatus connection::publish_raw(const std::string& subject, const char* reply
   // cnats would still buffer the first message sent while it reconnects and deliver it
   // later, after we have answered `unavailable`.
   if (natsConnection_Status(nc_) != NATS_CONN_STATUS_CONNECTED) return NATS_CONNECTION_DISCONNECTED;
+  natsStatus s = NATS_OK;
+  socket_loop::publishing(true);
   if (!headers || headers->empty()) {
     // Without headers no natsMsg is needed (whose destruction wakes cnats's GC thread).
     auto len = static_cast<int>(data.size());
-    return reply ? natsConnection_PublishRequest(nc_, subject.c_str(), reply, data.data(), len)
-                 : natsConnection_Publish(nc_, subject.c_str(), data.data(), len);
+    s = reply ? natsConnection_PublishRequest(nc_, subject.c_str(), reply, data.data(), len)
+              : natsConnection_Publish(nc_, subject.c_str(), data.data(), len);
+  } else {
+    natsMsg* m = nullptr;
+    s = natsMsg_Create(&m, subject.c_str(), reply, data.data(), static_cast<int>(data.size()));
+    if (s == NATS_OK) {
+      for (const auto& [k, v] : *headers) natsMsgHeader_Add(m, k.c_str(), v.c_str());
+      s = natsConnection_PublishMsg(nc_, m);
+      retired_->retire(m);
+    }
   }
-  natsMsg* m = nullptr;
-  auto s = natsMsg_Create(&m, subject.c_str(), reply, data.data(), static_cast<int>(data.size()));
-  if (s != NATS_OK) return s;
-  if (headers) {
-    for (const auto& [k, v] : *headers) natsMsgHeader_Add(m, k.c_str(), v.c_str());
+  socket_loop::publishing(false);
+  // Even a failed publish may have left bytes in cnats's buffer.
+  if (detail::write_batch::open()) {
+    if (auto self = weak_from_this().lock(); self && detail::write_batch::defer(self)) return s;
   }
-  s = natsConnection_PublishMsg(nc_, m);
-  retired_->retire(m);
+  flush_writes();
   return s;
+}
+
+void connection::flush_writes() noexcept {
+  if (nc_ && loop_) loop_->write(nc_);
 }
 
 void connection::request(std::string subject, std::string data, header_list headers,
@@ -205,6 +234,7 @@ result<std::string> connection::api(const std::string& subject, std::string payl
   auto future = promise->get_future();
   request(subject, std::move(payload), {}, deadline(),
           [promise](result<nats_reply> r) { promise->set_value(std::move(r)); });
+  detail::write_batch::flush();
   auto r = future.get();
   if (!r) return r.error();
   return std::move(r->data);
@@ -270,8 +300,13 @@ void connection::retry_later(const std::shared_ptr<request_state>& st, bool no_r
   });
 }
 
-void connection::on_reply(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
+void connection::on_reply(natsConnection*, natsSubscription* sub, natsMsg* m, void* closure) {
   in_callback_scope scope;
+  // What the answers queued behind this one publish goes out with what this one publishes.
+  detail::write_batch batch;
+  if (int queued = 0; natsSubscription_GetPending(sub, &queued, nullptr) == NATS_OK && queued > 0) {
+    batch.hold();
+  }
   // A reference held while the message is dispatched: the caller its answer wakes may
   // drop every other one at once, and dispatch still touches the connection after the
   // answer. When this one is the last, the deleter closes the connection off this thread.

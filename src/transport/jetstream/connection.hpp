@@ -18,7 +18,9 @@
 #include "amp/transport/jetstream.hpp"
 #include "detail/guarded.hpp"
 #include "detail/serial_queue.hpp"
+#include "detail/write_batch.hpp"
 #include "transport/jetstream/codec.hpp"
+#include "transport/jetstream/socket_loop.hpp"
 
 namespace amp::jetstream_detail {
 
@@ -81,7 +83,9 @@ struct pending_request {
   std::string pull;  // pulls: the pull key of their consumer
 };
 
-class connection : public std::enable_shared_from_this<connection> {
+// Writes: a publish is written on the publishing thread right after it, or, when that
+// thread has a detail::write_batch open, when the batch ends (socket_loop.hpp).
+class connection : public detail::write_sink, public std::enable_shared_from_this<connection> {
  public:
   connection(std::shared_ptr<amp::clock> clock, duration op_timeout,
              std::shared_ptr<const detail::handler_error_sink> sink)
@@ -116,6 +120,9 @@ class connection : public std::enable_shared_from_this<connection> {
 
   natsStatus publish_raw(const std::string& subject, const char* reply, std::string_view data,
                          const header_list* headers);
+
+  // Writes what cnats has buffered (detail::write_sink).
+  void flush_writes() noexcept override;
 
   // A request with one answer. "No responders" (no stream leader, or nobody listening)
   // is retried with backoff until the deadline unless `on_no_responders` decides.
@@ -179,6 +186,7 @@ class connection : public std::enable_shared_from_this<connection> {
   duration op_timeout_;
   std::shared_ptr<const detail::handler_error_sink> sink_;
   std::shared_ptr<retired_msgs> retired_;
+  std::unique_ptr<socket_loop> loop_;
   natsConnection* nc_ = nullptr;
   jsCtx* js_ = nullptr;
   natsSubscription* mux_sub_ = nullptr;
