@@ -21,6 +21,7 @@
 #include "amp/transport/jetstream.hpp"
 #include "amp/transport/transport.hpp"
 #include "support/checks.hpp"
+#include "support/jetstream_connect.hpp"
 #include "support/nats_server.hpp"
 
 namespace {
@@ -31,10 +32,7 @@ using amp::testing::nats_server;
 using amp::testing::text_of;
 
 std::shared_ptr<amp::transport> connect(const nats_server& server) {
-  auto t = amp::jetstream_transport::connect({.url = server.url(), .name = "amp-purge-test"});
-  INFO("connect: " << text_of(t));
-  REQUIRE(t.has_value());
-  return *t;
+  return amp::testing::connect_jetstream(server, {.name = "amp-purge-test"});
 }
 
 void make_bucket(amp::transport& t, const std::string& name) {

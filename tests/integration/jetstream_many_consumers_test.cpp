@@ -26,6 +26,7 @@
 #include "amp/transport/jetstream.hpp"
 #include "amp/transport/transport.hpp"
 #include "support/checks.hpp"
+#include "support/jetstream_connect.hpp"
 #include "support/nats_server.hpp"
 
 namespace {
@@ -43,11 +44,8 @@ constexpr const char* stream_name = "INBOX";
 
 std::shared_ptr<amp::transport> connect(const nats_server& server,
                                         amp::duration timeout = op_timeout) {
-  auto t = amp::jetstream_transport::connect(
-      {.url = server.url(), .name = "amp-many-consumers-test", .op_timeout = timeout});
-  INFO("connect: " << text_of(t));
-  REQUIRE(t.has_value());
-  return *t;
+  return amp::testing::connect_jetstream(
+      server, {.name = "amp-many-consumers-test", .op_timeout = timeout});
 }
 
 amp::stream_config inbox_stream() {

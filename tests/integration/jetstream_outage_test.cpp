@@ -27,6 +27,7 @@
 #include "amp/transport/jetstream.hpp"
 #include "amp/transport/transport.hpp"
 #include "support/checks.hpp"
+#include "support/jetstream_connect.hpp"
 #include "support/nats_server.hpp"
 
 namespace {
@@ -47,13 +48,8 @@ using amp::testing::must;
 using amp::testing::text_of;
 
 std::shared_ptr<amp::transport> connect(const nats_server& server) {
-  auto t = amp::jetstream_transport::connect({.url = server.url(),
-                                              .name = "amp-outage-test",
-                                              .op_timeout = op_timeout,
-                                              .reconnect_wait = 250ms});
-  INFO("connect: " << text_of(t));
-  REQUIRE(t.has_value());
-  return *t;
+  return amp::testing::connect_jetstream(
+      server, {.name = "amp-outage-test", .op_timeout = op_timeout, .reconnect_wait = 250ms});
 }
 
 /// Polls ping() until the transport reaches the server again.

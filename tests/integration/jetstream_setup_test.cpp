@@ -19,6 +19,7 @@
 #include "amp/transport/jetstream.hpp"
 #include "amp/transport/transport.hpp"
 #include "support/checks.hpp"
+#include "support/jetstream_connect.hpp"
 #include "support/nats_server.hpp"
 
 namespace {
@@ -32,11 +33,8 @@ using amp::testing::must;
 using amp::testing::text_of;
 
 std::shared_ptr<amp::transport> connect(const nats_server& server, const std::string& name) {
-  auto t = amp::jetstream_transport::connect(
-      {.url = server.url(), .name = name, .op_timeout = std::chrono::seconds(5)});
-  INFO("connect: " << text_of(t));
-  REQUIRE(t.has_value());
-  return *t;
+  return amp::testing::connect_jetstream(server,
+                                         {.name = name, .op_timeout = std::chrono::seconds(5)});
 }
 
 /// Two transports on one server, as two processes of the broker would be.

@@ -21,6 +21,7 @@
 #include "amp/transport/transport.hpp"
 #include "detail/write_batch.hpp"
 #include "support/checks.hpp"
+#include "support/jetstream_connect.hpp"
 #include "support/nats_server.hpp"
 
 namespace {
@@ -31,11 +32,8 @@ using amp::testing::nats_server;
 using amp::testing::text_of;
 
 std::shared_ptr<amp::transport> connect(const nats_server& server) {
-  auto t = amp::jetstream_transport::connect(
-      {.url = server.url(), .name = "amp-write-batch-test", .op_timeout = 5s});
-  INFO("connect: " << text_of(t));
-  REQUIRE(t.has_value());
-  return *t;
+  return amp::testing::connect_jetstream(server,
+                                         {.name = "amp-write-batch-test", .op_timeout = 5s});
 }
 
 amp::stream_config stream(std::string name, std::string subjects) {
