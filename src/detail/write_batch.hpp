@@ -59,9 +59,9 @@ class write_batch {
     auto& s = state();
     if (s.depth == 0) return false;
     for (const auto& d : s.deferred) {
-      if (d.raw == sink.get()) return true;
+      if (!d.owner_before(sink) && !sink.owner_before(d)) return true;
     }
-    s.deferred.push_back({sink.get(), sink});
+    s.deferred.emplace_back(sink);
     return true;
   }
 
@@ -70,29 +70,24 @@ class write_batch {
     auto& s = state();
     s.hold = false;
     s.held = 0;
-    if (s.deferred.empty()) return;
-    auto sinks = std::move(s.deferred);
-    s.deferred.clear();
-    for (auto& d : sinks) {
-      if (auto live = d.sink.lock()) live->flush_writes();
-    }
+    s.flush_deferred();
   }
 
  private:
-  struct deferred_sink {
-    const write_sink* raw;
-    std::weak_ptr<write_sink> sink;
-  };
   struct thread_state {
     int depth = 0;
     bool hold = false;
     int held = 0;
-    std::vector<deferred_sink> deferred;
-    ~thread_state() {
-      for (auto& d : deferred) {
-        if (auto live = d.sink.lock()) live->flush_writes();
+    std::vector<std::weak_ptr<write_sink>> deferred;
+    void flush_deferred() noexcept {
+      if (deferred.empty()) return;
+      auto sinks = std::move(deferred);
+      deferred.clear();
+      for (auto& d : sinks) {
+        if (auto live = d.lock()) live->flush_writes();
       }
     }
+    ~thread_state() { flush_deferred(); }
   };
   static thread_state& state() noexcept {
     thread_local thread_state s;

@@ -3,8 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <future>
 #include <thread>
+
+#include "detail/wait_for.hpp"
 
 namespace amp::jetstream_detail {
 
@@ -230,12 +231,9 @@ void connection::request(std::string subject, std::string data, header_list head
 }
 
 result<std::string> connection::api(const std::string& subject, std::string payload) {
-  auto promise = std::make_shared<std::promise<result<nats_reply>>>();
-  auto future = promise->get_future();
-  request(subject, std::move(payload), {}, deadline(),
-          [promise](result<nats_reply> r) { promise->set_value(std::move(r)); });
-  detail::write_batch::flush();
-  auto r = future.get();
+  auto r = detail::wait_for<nats_reply>([&](completion<nats_reply> done) {
+    request(subject, std::move(payload), {}, deadline(), std::move(done));
+  });
   if (!r) return r.error();
   return std::move(r->data);
 }

@@ -52,6 +52,12 @@ bool socket_loop::write_buffered(natsConnection* nc) {
   return writes_done_.load(std::memory_order_relaxed) == before;
 }
 
+bool socket_loop::write_from_loop(natsConnection* nc, int fd) {
+  write_buffered(nc);
+  std::lock_guard lock(mu_);
+  return must_write_ && want_write_ && fd_ == fd;
+}
+
 void socket_loop::write(natsConnection* nc) {
   if (!write_buffered(nc)) return;
   {
@@ -139,11 +145,7 @@ void socket_loop::run() {
     }
     if (nc == nullptr) fd = -1;
     if (!write) partial = false;
-    if (write && fd >= 0 && !partial) {
-      write_buffered(nc);
-      std::lock_guard lock(mu_);
-      partial = must_write_ && want_write_ && fd_ == fd;
-    }
+    if (write && fd >= 0 && !partial) partial = write_from_loop(nc, fd);
     pollfd fds[2] = {{event_fd_, POLLIN, 0}, {fd, 0, 0}};
     if (fd >= 0) fds[1].events = static_cast<short>((read ? POLLIN : 0) | (partial ? POLLOUT : 0));
     const nfds_t count = fd >= 0 && fds[1].events != 0 ? 2 : 1;
@@ -162,11 +164,7 @@ void socket_loop::run() {
     }
     // On an error or a hang-up the read finds out, and cnats reconnects or closes.
     if (ev & (POLLIN | POLLERR | POLLHUP)) natsConnection_ProcessReadEvent(nc);
-    if (ev & POLLOUT) {
-      write_buffered(nc);
-      std::lock_guard lock(mu_);
-      partial = must_write_ && want_write_ && fd_ == fd;
-    }
+    if (ev & POLLOUT) partial = write_from_loop(nc, fd);
   }
 }
 

@@ -54,13 +54,14 @@ class socket_loop {
   void wake();
   void run();
   // cnats takes a write of nothing for a closed connection: every write goes through here,
-  // one at a time, and only when something is buffered.
-  // True when bytes are left that the socket did not take (or the socket is not attached).
+  // one at a time, and only when something is buffered. True when bytes are left that the
+  // socket did not take (or the socket is not attached).
   bool write_buffered(natsConnection* nc);
+  // The loop's own write: true when it must wait until the socket takes more.
+  bool write_from_loop(natsConnection* nc, int fd);
 
-  std::mutex write_mu_;
-  std::atomic<unsigned> writes_done_{0};  // cnats said all is written (its write "remove")  //
-                                          // before cnats's connection lock, never while holding it
+  std::mutex write_mu_;  // taken before cnats's connection lock, never while holding it
+  std::atomic<unsigned> writes_done_{0};  // cnats said all is written (its write "remove")
   std::mutex mu_;
   natsConnection* nc_ = nullptr;
   int fd_ = -1;
