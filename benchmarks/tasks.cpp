@@ -3,7 +3,7 @@
 // producer counts the `amp.task.completed` notices in its inbox. Measures tasks/s at 1, 8
 // and 64 slots (submits pipelined), with amp-server's and nats-server's CPU, amp-server's
 // context switches and nats-server's incoming messages per task, and submit-to-result
-// latency at a fixed offered load.
+// latency at a fixed offered load (with the same costs per task at that load).
 //
 //   amp-bench-tasks [--backend jetstream|memory] [--tasks N] [--runs R] [--slots LIST]
 //                   [--rate R] [--latency-tasks N] [--quick] [--out FILE]
@@ -249,11 +249,13 @@ throughput_result run_throughput(const std::string& url, const processes& measur
 
 struct latency_result {
   double p50_ms = 0, p99_ms = 0, p999_ms = 0, achieved_rate = 0;
+  spent costs;  // per task, at the offered load
 };
 
 // Submits at `rate` tasks/s (one at a time, paced) with 8 worker slots; the latency of a
 // task is from its submit to its completion notice at the producer.
-latency_result run_latency(const std::string& url, int n, double rate, int run) {
+latency_result run_latency(const std::string& url, const processes& measured, int n, double rate,
+                           int run) {
   auto ns = fmt::format("lat{}r{}", ::getpid() % 100000, run);
   auto worker = connect(url, "worker", ns);
   become_worker(*worker, 8);
@@ -279,6 +281,7 @@ latency_result run_latency(const std::string& url, int n, double rate, int run) 
     finished.done();
   });
   auto interval = std::chrono::duration<double>(1.0 / rate);
+  auto before = measured.now();
   auto start = steady::now();
   for (int i = 0; i < n; ++i) {
     auto due = start + std::chrono::duration_cast<steady::duration>(interval * i);
@@ -289,6 +292,7 @@ latency_result run_latency(const std::string& url, int n, double rate, int run) 
   }
   auto sent_seconds = std::chrono::duration<double>(steady::now() - start).count();
   if (!finished.wait(600s)) throw std::runtime_error("latency run did not finish");
+  auto costs = per_task(before, measured.now(), n);
   producer->on_push({});
   worker->on_push({});
   std::sort(latencies.begin(), latencies.end());
@@ -296,7 +300,7 @@ latency_result run_latency(const std::string& url, int n, double rate, int run) 
     auto i = static_cast<std::size_t>(p * static_cast<double>(latencies.size() - 1));
     return latencies[i];
   };
-  return {pct(0.50), pct(0.99), pct(0.999), n / sent_seconds};
+  return {pct(0.50), pct(0.99), pct(0.999), n / sent_seconds, costs};
 }
 
 }  // namespace
@@ -343,11 +347,22 @@ int main(int argc, char** argv) {
     for (auto& [figure, runs] : c) costs[slots][figure] = summarize(runs);
   }
   std::vector<double> p50, p99, p999, achieved;
+  std::map<std::string, std::vector<double>> paced;  // costs per task at the offered load
   for (int r = 0; r < o.runs; ++r) {
-    auto l = run_latency(url, o.latency_tasks, o.rate, r);
-    std::printf("latency at %.0f tasks/s run=%d: p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms\n", o.rate,
-                r + 1, l.p50_ms, l.p99_ms, l.p999_ms);
+    auto l = run_latency(url, measured, o.latency_tasks, o.rate, r);
+    std::printf(
+        "latency at %.0f tasks/s run=%d: p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms; per task: "
+        "amp-server %.0f us CPU, %.1f context switches; nats-server %.0f us CPU, %.1f messages "
+        "in\n",
+        o.rate, r + 1, l.p50_ms, l.p99_ms, l.p999_ms, l.costs.server_cpu, l.costs.server_switches,
+        l.costs.nats_cpu, l.costs.nats_msgs);
     std::fflush(stdout);
+    paced["amp_server_cpu_us"].push_back(l.costs.server_cpu);
+    paced["amp_server_context_switches"].push_back(l.costs.server_switches);
+    if (nats) {
+      paced["nats_server_cpu_us"].push_back(l.costs.nats_cpu);
+      paced["nats_server_in_msgs"].push_back(l.costs.nats_msgs);
+    }
     p50.push_back(l.p50_ms);
     p99.push_back(l.p99_ms);
     p999.push_back(l.p999_ms);
@@ -373,6 +388,13 @@ int main(int argc, char** argv) {
                   fmt::format("{}, {} slots", figure, slots).c_str(), s.min, s.median, s.max);
     }
   }
+  std::string paced_json;
+  for (auto& [figure, runs] : paced) {
+    auto s = summarize(runs);
+    std::printf("%-24s %12.1f %12.1f %12.1f\n",
+                fmt::format("{}, at {:.0f}/s", figure, o.rate).c_str(), s.min, s.median, s.max);
+    paced_json += (paced_json.empty() ? "" : ",") + fmt::format(R"("{}":{})", figure, json_of(s));
+  }
 
   std::string tp, per;
   for (auto& [slots, s] : throughput)
@@ -389,10 +411,10 @@ int main(int argc, char** argv) {
       R"("machine":{},)"
       R"("throughput_tasks_per_s":{{{}}},"per_task":{{{}}},)"
       R"("latency":{{"offered_tasks_per_s":{},"tasks":{},"worker_slots":8,"achieved_tasks_per_s":{},)"
-      R"("p50_ms":{},"p99_ms":{},"p999_ms":{}}}}})",
+      R"("p50_ms":{},"p99_ms":{},"p999_ms":{},"per_task":{{{}}}}}}})",
       o.backend, o.tasks, o.runs, o.window, body_at(0).size(), machine_json(loadavg_before), tp,
       per, o.rate, o.latency_tasks, json_of(summarize(achieved)), json_of(s50), json_of(s99),
-      json_of(s999));
+      json_of(s999), paced_json);
   std::ofstream(o.out) << json << "\n";
   std::printf("\nwritten to %s\n", o.out.c_str());
   return 0;
