@@ -231,6 +231,34 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     one_done();
   }
 
+  // The records created here for the tasks of all of `msgs`, taken, when every message is its
+  // task's first delivery and every task is still queued with an attempt left: judging the
+  // batch then reads and writes nothing. Nothing is taken otherwise.
+  std::optional<std::vector<task_record>> take_all_fresh(const std::vector<message>& msgs) {
+    std::lock_guard lock(mu);
+    std::vector<decltype(fresh_records)::iterator> found;
+    found.reserve(msgs.size());
+    for (const auto& m : msgs) {
+      auto task = find_header(m.headers, k_task_header);
+      if (!task || m.delivery_count != 1) return std::nullopt;
+      auto it = fresh_records.find(*task);
+      if (it == fresh_records.end() || !it->second.record) return std::nullopt;
+      const auto& r = *it->second.record;
+      if (r.job_seq != m.seq || r.state != task_state::queued || r.attempt >= r.max_attempts ||
+          std::find(found.begin(), found.end(), it) != found.end()) {
+        return std::nullopt;
+      }
+      found.push_back(it);
+    }
+    std::vector<task_record> records;
+    records.reserve(found.size());
+    for (auto it : found) {
+      records.push_back(std::move(*it->second.record));
+      fresh_records.erase(it);
+    }
+    return records;
+  }
+
   // The record created here for the task of `msg` when `msg` is its first delivery.
   std::optional<task_record> take_fresh(std::string_view task, const message& msg) {
     std::lock_guard lock(mu);
@@ -607,8 +635,8 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     return store->create(std::move(r));
   }
 
-  // `judge_all` on the executor, once the records of the batch's tasks submitted here are
-  // written.
+  // Once the records of the batch's tasks submitted here are written: judged at once on this
+  // thread when that needs no store (`take_all_fresh`), else `judge_all` on the executor.
   void judge_later(std::vector<message> msgs, completion<std::vector<offer>> done) {
     // Shared: `when_written` may hold a copy of the continuation per pending task.
     auto batch = std::make_shared<std::vector<message>>(std::move(msgs));
@@ -617,6 +645,14 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     when_written(*batch, [weak, batch, finish] {
       auto self = weak.lock();
       if (!self || self->is_closed()) return (*finish)(closed_error());
+      if (auto records = self->take_all_fresh(*batch)) {
+        std::vector<offer> out;
+        for (std::size_t i = 0; i < batch->size(); ++i) {
+          auto o = self->judge(std::move((*batch)[i]), std::move((*records)[i]));
+          if (o) out.push_back(std::move(*o));
+        }
+        return (*finish)(std::move(out));
+      }
       self->post([weak, batch, finish] {
         auto me = weak.lock();
         if (!me) return (*finish)(closed_error());

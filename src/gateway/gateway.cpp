@@ -12,6 +12,7 @@
 
 #include "amp/json.hpp"
 #include "amp/timestamp.hpp"
+#include "detail/run_in_turn.hpp"
 #include "gateway/gateway_state.hpp"
 
 namespace amp {
@@ -411,6 +412,12 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
     }
     metrics.offer();
     detail::push(*target, offer_frame(o), "offer");
+  }
+  if (st->b->jobs().fetch_ready(job)) {
+    // Fetching for the slots still free does not block: here, in turn (this may be a
+    // transport's thread, and the fetch may answer at once).
+    return detail::run_in_turn(
+        [self = shared_from_this(), st, job] { self->run_here([&] { self->pump(st, job); }); });
   }
   post([self = shared_from_this(), st, job] { self->pump(st, job); });
 }

@@ -125,6 +125,9 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
   result<std::shared_ptr<detail::ns_state>> ns_for(const namespace_name& ns);
   // Offers work of `job` to the free slots of the sessions of `ns`.
   void pump(const std::shared_ptr<detail::ns_state>& ns, const job_name& job);
+  // A fetch's offers to the least loaded eligible workers (the rest handed back), then `pump`
+  // again: in turn on this thread when the job's consumer is set up (nothing blocks then),
+  // else on the executor. Never blocks: any thread, a transport's included.
   void deliver_offers(const std::shared_ptr<detail::ns_state>& ns, const job_name& job,
                       result<std::vector<offer>> r);
   void pump_all(const std::shared_ptr<detail::ns_state>& ns, const std::vector<job_name>& jobs);

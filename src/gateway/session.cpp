@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "amp/detail/embedded_schemas.hpp"
+#include "detail/run_in_turn.hpp"
 #include "detail/write_batch.hpp"
 
 namespace amp {
@@ -284,11 +285,16 @@ void session::impl::receive(std::string_view text) {
 
 void session::impl::run(std::vector<inbound_frame> start, bool from_receive) {
   for (auto& f : start) {
-    if (from_receive && f.item.on_caller && runs_here(f.item)) {
-      gw->run_here([&] { this->start(std::move(f)); });
-    } else {
+    if (!f.item.on_caller || !runs_here(f.item)) {
       gw->post(
           [self = shared_from_this(), f = std::move(f)]() mutable { self->start(std::move(f)); });
+    } else if (from_receive) {
+      gw->run_here([&] { this->start(std::move(f)); });
+    } else {
+      // Let go by another frame's end, on that end's thread (a transport's, say): never waits.
+      detail::run_in_turn([self = shared_from_this(), f = std::move(f)]() mutable {
+        self->gw->run_here([&] { self->start(std::move(f)); });
+      });
     }
   }
 }

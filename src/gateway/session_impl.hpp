@@ -180,8 +180,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   void receive(std::string_view text);
 
-  // Starts frames that may run: on the executor, or, with `from_receive` (the thread that
-  // received them), at once there for ops that never wait for the backend.
+  // Starts frames that may run: ops that never wait for the backend on this thread (at once
+  // with `from_receive`, the thread that received them; else in turn, `detail::run_in_turn`,
+  // on the thread where another frame's end let them go), the others on the executor.
   void run(std::vector<inbound_frame> start, bool from_receive = false);
 
   // Whether an `on_caller` frame may run on the receiving thread after all: not a complete

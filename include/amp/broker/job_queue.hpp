@@ -43,8 +43,12 @@
 ///   JetStream's MaxDeliver cannot count attempts, since a decline also counts).
 ///
 /// Threads. Every member is thread-safe. The blocking members wait on the backend: do
-/// not call them from a transport callback. Events (`job_events`) and `async_fetch`
-/// completions run on the broker's executor (`broker_config::run`).
+/// not call them from a transport callback. Events (`job_events`) run on the broker's
+/// executor (`broker_config::run`); so do `async_fetch` completions, except for a batch
+/// judged without the store (each message the first delivery of a task submitted through
+/// this job queue and still queued, with an attempt left), whose completion runs on the
+/// transport's thread that brought the batch or wrote the last of its records: do not block
+/// in it.
 
 #include <cstddef>
 #include <cstdint>
@@ -182,7 +186,7 @@ class job_queue {
   /// job makes its durable consumer (blocking): `conflict` when it exists with another
   /// lease. Call it for the jobs a worker may take (the gateway: registered with a grant).
   result<std::vector<offer>> fetch(const job_name& job, std::size_t n, duration max_wait);
-  /// The same, completing on the executor.
+  /// The same, completing on the executor or on a transport thread (see "Threads" above).
   void async_fetch(const job_name& job, std::size_t n, duration max_wait,
                    completion<std::vector<offer>> done);
   /// Whether fetches of `job` need no setup any more (its consumer was made by an earlier

@@ -3,6 +3,9 @@
 // or an acknowledgement cut short.
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <set>
@@ -297,6 +300,123 @@ TEST_CASE("a fetch waiting when a task is submitted here offers it without readi
   CHECK(got[0].task == env.record(id));
   must(env.q->claim(got[0], env.w1));
   CHECK(env.record(id).owner == "w1");
+  env.t->set_fault({});
+}
+
+// Whether this thread is running work of a `marking` executor.
+thread_local bool t_on_executor = false;
+
+// `inner`, with its work marked (t_on_executor) while it runs.
+executor marking(executor inner) {
+  return [inner = std::move(inner)](std::function<void()> work) {
+    inner([work = std::move(work)] {
+      const bool was = t_on_executor;
+      t_on_executor = true;
+      work();
+      t_on_executor = was;
+    });
+  };
+}
+
+// One thread of its own running what it is given, in order; for real-time backends, whose
+// transport threads must not run the executor's work.
+class thread_executor {
+ public:
+  thread_executor()
+      : thread_([this] {
+          std::unique_lock lock(mu_);
+          for (;;) {
+            cv_.wait(lock, [this] { return stop_ || !work_.empty(); });
+            if (work_.empty()) return;
+            auto next = std::move(work_.front());
+            work_.pop_front();
+            lock.unlock();
+            next();
+            lock.lock();
+          }
+        }) {}
+  ~thread_executor() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  thread_executor(const thread_executor&) = delete;
+  thread_executor& operator=(const thread_executor&) = delete;
+
+  executor get() {
+    return [this](std::function<void()> work) {
+      {
+        std::lock_guard lock(mu_);
+        work_.push_back(std::move(work));
+      }
+      cv_.notify_one();
+    };
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> work_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// What an async_fetch answered, and whether it answered on the executor.
+struct fetched_where {
+  bool on_executor = false;
+  result<std::vector<offer>> offers;
+};
+
+fetched_where fetch_async(jobs_env& env, std::size_t n) {
+  std::promise<fetched_where> fetched;
+  env.q->async_fetch(env.job, n, std::chrono::seconds(10), [&](result<std::vector<offer>> r) {
+    fetched.set_value({t_on_executor, std::move(r)});
+  });
+  return fetched.get_future().get();
+}
+
+TEST_CASE("a batch of tasks submitted here and queued is judged without the executor", "[jobs]") {
+  thread_executor own;  // outlives the job queue
+  jobs_env env(3, [&](bool real_time, broker_config& c) {
+    c.run = marking(real_time ? own.get() : inline_executor());
+  });
+  CHECK(env.offers_now().empty());  // makes the job's consumer
+  std::atomic<int> reads{0};
+  env.t->set_fault([&](std::string_view op, std::string_view) -> std::optional<error> {
+    if (op == "kv_get") ++reads;
+    return std::nullopt;
+  });
+  auto a = env.submit("1");
+  auto got = fetch_async(env, 1);
+  CHECK_FALSE(got.on_executor);
+  auto offers = must(std::move(got.offers));
+  REQUIRE(offers.size() == 1);
+  CHECK(offers[0].task.task == a.str());
+  CHECK(reads == 0);
+  CHECK(offers[0].task == env.record(a));
+  must(env.q->claim(offers[0], env.w1));
+  CHECK(env.record(a).owner == "w1");
+
+  // A batch with a task submitted through another job queue is judged on the executor: that
+  // task's record is read (the one kept here still serves the other task).
+  auto other = env.open_queue();
+  auto b = env.submit("2");
+  auto c = must(other->submit({.job = env.job, .from = env.alice, .body = "3"})).task;
+  std::set<std::string> offered;
+  for (int i = 0; i < 5 && offered.size() < 2; ++i) {
+    got = fetch_async(env, 2);
+    for (auto& o : must(std::move(got.offers))) {
+      offered.insert(o.task.task);
+      if (o.task.task == c.str()) CHECK(got.on_executor);
+      must(env.q->claim(o, env.w2));
+    }
+  }
+  CHECK(offered == std::set<std::string>{b.str(), c.str()});
+  CHECK(reads >= 1);
+  CHECK(env.record(c).owner == "w2");
   env.t->set_fault({});
 }
 
