@@ -1,7 +1,9 @@
 #include "command_line.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "amp/json.hpp"
@@ -31,7 +33,8 @@ Options:
   --secret-file FILE   the same as --set auth.secret_file="FILE"
   --memory             use the embedded memory transport whatever the configuration
                        says about nats (nothing durable)
-  --io-threads N       threads serving the sockets, 1 to 64 (default 2)
+  --io-threads N       threads serving the sockets, 1 to 64 (default: half the
+                       machine's cores, at least 1)
   --ping-interval S    seconds between WebSocket pings to every connection, 1 to 3600
                        (default 30); a connection that has not answered with a pong
                        within min(S, 10) seconds is closed (1008)
@@ -141,6 +144,10 @@ struct override_value {
 
 std::string help_text() {
   return std::string(k_help);
+}
+
+int default_io_threads() {
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1U, 64U));
 }
 
 result<run_options> parse_command_line(const std::vector<std::string>& args) {

@@ -14,6 +14,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -243,6 +244,17 @@ TEST_CASE("on the memory transport the server says at start that nothing is dura
   CHECK(contains(log, "\"level\":\"warn\""));
   CHECK(contains(log, "durable"));
   CHECK(contains(log, "\"transport\":\"memory\""));
+}
+
+TEST_CASE("the server serves its sockets on half the machine's cores by default, else as told",
+          "[server]") {
+  const auto half = std::clamp(std::thread::hardware_concurrency() / 2, 1U, 64U);
+  auto plain = server_process::start(with_secret());
+  INFO(plain.log());
+  CHECK(contains(plain.log(), "\"io_threads\":" + std::to_string(half)));
+  auto three = server_process::start(with_secret({"--io-threads", "3"}));
+  INFO(three.log());
+  CHECK(contains(three.log(), "\"io_threads\":3"));
 }
 
 TEST_CASE("a task retention under a day starts with a warning, a day or more without one",
