@@ -106,17 +106,33 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-// A worker that claims and completes every offer, with the task's body as its result.
-void become_worker(amp::client& w, int slots) {
-  w.on_push([&w](const amp::client_frame& f) {
+// True for a refusal a run can meet without being wrong: the offer moved on, or the lease
+// did (the task is offered again). Anything else (rate_limited, say) means the measurement
+// is not what it claims, and a task it strands could hold the run until its timeout.
+bool expected_refusal(const amp::error& e) {
+  return e.code() == amp::errc::conflict || e.code() == amp::errc::not_found ||
+         e.code() == amp::errc::lease_lost;
+}
+
+// A worker that claims and completes every offer, with the task's body as its result; a
+// refusal that is not expected_refusal aborts `run`.
+void become_worker(amp::client& w, int slots, countdown& run) {
+  w.on_push([&w, &run](const amp::client_frame& f) {
     if (f.op() != "offer") return;
     auto task = f.string_at("/task").value_or("");
     auto body = f.raw_at("/envelope/body").value_or("null");
     auto claim = fmt::format(R"("task":"{}")", task);
-    w.async_request("claim", claim, [&w, task, body](amp::result<amp::client_frame> r) {
-      if (!r) return;  // the offer moved on
+    w.async_request("claim", claim, [&w, &run, task, body](amp::result<amp::client_frame> r) {
+      if (!r) {
+        if (!expected_refusal(r.error())) run.abort("claim: " + r.error().to_string());
+        return;
+      }
       w.async_request("complete", fmt::format(R"("task":"{}","result":{})", task, body),
-                      [](amp::result<amp::client_frame>) {});
+                      [&run](amp::result<amp::client_frame> done) {
+                        if (!done && !expected_refusal(done.error())) {
+                          run.abort("complete: " + done.error().to_string());
+                        }
+                      });
     });
   });
   auto reg = w.register_worker({"bench"}, slots);
@@ -205,12 +221,12 @@ struct throughput_result {
 throughput_result run_throughput(const std::string& url, const processes& measured, int n,
                                  int slots, int window, int run) {
   auto ns = fmt::format("tp{}s{}r{}", ::getpid() % 100000, slots, run);
-  auto worker = connect(url, "worker", ns);
-  become_worker(*worker, slots);
-  heartbeats alive(*worker);
-  auto producer = connect(url, "producer", ns);
   countdown finished;
   finished.left = n;
+  auto worker = connect(url, "worker", ns);
+  become_worker(*worker, slots, finished);
+  heartbeats alive(*worker);
+  auto producer = connect(url, "producer", ns);
   producer->on_push([&](const amp::client_frame& f) {
     if (f.op() != "message") return;
     (void)producer->notify("ack", fmt::format(R"("seq":{})", f.int_at("/seq").value_or(0)));
@@ -230,15 +246,21 @@ throughput_result run_throughput(const std::string& url, const processes& measur
     }
     auto fields = fmt::format(R"("job":"bench","body":{})", body_at(0));
     producer->async_request("submit", fields, [&](amp::result<amp::client_frame> r) {
-      if (!r) ++failed;
+      if (!r) {
+        ++failed;
+        finished.abort("submit: " + r.error().to_string());
+      }
       std::lock_guard lock(mu);
       --in_flight;
       cv.notify_one();
     });
   }
   if (!finished.wait(600s) || failed > 0) {
+    std::lock_guard lock(finished.mu);
     throw std::runtime_error(fmt::format(
-        "throughput run did not finish: {} left, {} submits failed", finished.left, failed.load()));
+        "throughput run did not finish: {} left, {} submits "
+        "failed{}{}",
+        finished.left, failed.load(), finished.aborted.empty() ? "" : "; ", finished.aborted));
   }
   double seconds = std::chrono::duration<double>(steady::now() - start).count();
   auto costs = per_task(before, measured.now(), n);
@@ -257,16 +279,16 @@ struct latency_result {
 latency_result run_latency(const std::string& url, const processes& measured, int n, double rate,
                            int run) {
   auto ns = fmt::format("lat{}r{}", ::getpid() % 100000, run);
+  countdown finished;
+  finished.left = n;
   auto worker = connect(url, "worker", ns);
-  become_worker(*worker, 8);
+  become_worker(*worker, 8, finished);
   heartbeats alive(*worker);
   auto producer = connect(url, "producer", ns);
   auto origin = steady::now();
   std::vector<double> latencies;
   latencies.reserve(static_cast<std::size_t>(n));
   std::mutex mu;
-  countdown finished;
-  finished.left = n;
   producer->on_push([&](const amp::client_frame& f) {
     if (f.op() != "message") return;
     (void)producer->notify("ack", fmt::format(R"("seq":{})", f.int_at("/seq").value_or(0)));
@@ -288,10 +310,16 @@ latency_result run_latency(const std::string& url, const processes& measured, in
     std::this_thread::sleep_until(due);
     auto t0 = std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now() - origin).count();
     producer->async_request("submit", fmt::format(R"("job":"bench","body":{})", body_at(t0)),
-                            [](amp::result<amp::client_frame>) {});
+                            [&finished](amp::result<amp::client_frame> r) {
+                              if (!r) finished.abort("submit: " + r.error().to_string());
+                            });
   }
   auto sent_seconds = std::chrono::duration<double>(steady::now() - start).count();
-  if (!finished.wait(600s)) throw std::runtime_error("latency run did not finish");
+  if (!finished.wait(600s)) {
+    std::lock_guard lock(finished.mu);
+    throw std::runtime_error(fmt::format("latency run did not finish: {} left{}{}", finished.left,
+                                         finished.aborted.empty() ? "" : "; ", finished.aborted));
+  }
   auto costs = per_task(before, measured.now(), n);
   producer->on_push({});
   worker->on_push({});
@@ -305,8 +333,7 @@ latency_result run_latency(const std::string& url, const processes& measured, in
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  auto o = parse(argc, argv);
+int run(const options& o) {
   std::optional<amp::testing::nats_server> nats;
   processes measured;
   if (o.backend == "jetstream") {
@@ -418,4 +445,14 @@ int main(int argc, char** argv) {
   std::ofstream(o.out) << json << "\n";
   std::printf("\nwritten to %s\n", o.out.c_str());
   return 0;
+}
+
+int main(int argc, char** argv) {
+  auto o = parse(argc, argv);
+  try {
+    return run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "amp-bench-tasks: %s\n", e.what());
+    return 1;
+  }
 }

@@ -38,7 +38,8 @@ server_process::server_process(server_settings s) : port_(s.port) {
   std::ofstream(config) << fmt::format(
       R"({{"listen":"127.0.0.1:{}",{}{}"auth":{{"secret":"{}"}},)"
       R"("limits":{{"max_sessions":100000}},)"
-      R"("policy":{{"default":{{"rate":{{"per_s":1000000,"burst":1000000,"bytes_per_s":1e12}}}}}}}})",
+      R"("policy":{{"default":{{"rate":{{"per_s":1000000,"burst":1000000,"bytes_per_s":1e12}},)"
+      R"("ops":{{"per_s":1e9,"burst":1e9}}}}}}}})",
       s.port, s.nats_url.empty() ? "" : fmt::format(R"("nats":{{"url":"{}"}},)", s.nats_url),
       s.extra_config, k_secret);
   auto log = (dir_ / "server.log").string();
@@ -145,9 +146,16 @@ void countdown::done() {
   if (--left == 0) cv.notify_all();
 }
 
+void countdown::abort(std::string why) {
+  std::lock_guard lock(mu);
+  if (aborted.empty()) aborted = std::move(why);
+  cv.notify_all();
+}
+
 bool countdown::wait(std::chrono::seconds limit) {
   std::unique_lock lock(mu);
-  return cv.wait_for(lock, limit, [&] { return left <= 0; });
+  cv.wait_for(lock, limit, [&] { return left <= 0 || !aborted.empty(); });
+  return left <= 0;
 }
 
 }  // namespace amp::bench

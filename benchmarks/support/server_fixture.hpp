@@ -40,12 +40,12 @@ struct server_settings {
 };
 
 /// amp-server as a child process, on a free port, with its own configuration file: HS256
-/// with `k_secret`, `max_sessions` 100,000 and rate limits far above any benchmark. The
-/// binary is the amp-server built with the benchmark, or the one the environment variable
-/// `AMP_BENCH_SERVER` names (to compare two builds with one benchmark binary). Its
-/// stderr goes to a log file in its temporary directory. The child gets SIGKILL if the
-/// thread that started it exits (start it from the main thread); the destructor stops it
-/// with SIGTERM and removes the directory.
+/// with `k_secret`, `max_sessions` 100,000 and rate limits (messages, bytes and op tokens)
+/// far above any benchmark. The binary is the amp-server built with the benchmark, or the
+/// one the environment variable `AMP_BENCH_SERVER` names (to compare two builds with one
+/// benchmark binary). Its stderr goes to a log file in its temporary directory. The child
+/// gets SIGKILL if the thread that started it exits (start it from the main thread); the
+/// destructor stops it with SIGTERM and removes the directory.
 class server_process {
  public:
   server_process(const std::string& nats_url, std::uint16_t port,
@@ -82,7 +82,11 @@ struct countdown {
   std::mutex mu;
   std::condition_variable cv;
   long left = 0;
+  std::string aborted;  ///< why the run cannot finish; empty while it can
   void done();
+  /// Ends the wait at once: what the run waits for will not come (the first reason stays).
+  void abort(std::string why);
+  /// True when everything counted down within `limit`; false on timeout or abort.
   bool wait(std::chrono::seconds limit);
 };
 
