@@ -87,6 +87,9 @@ struct consumer_state {
   std::uint64_t delivered_stream_seq = 0;
   std::uint64_t consumer_seq = 0;
   std::map<std::uint64_t, pending_delivery> pending;  // by stream sequence
+  // No pending delivery that may be delivered again falls due before this: a lower bound,
+  // lowered wherever a deadline is set, so `collect` looks through `pending` only from then.
+  time_point due_hint = time_point::max();
   std::deque<fetch_waiter> waiters;
   timer_id wake_timer = 0;
   time_point wake_at;
@@ -360,6 +363,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     bool refiltered = old.filter_subject != config.filter_subject;
     if (refiltered) s->unindex(it->second);
     old = config;
+    it->second.due_hint = time_point::min();  // max_deliver may have changed what is due
     if (refiltered) s->index(it->second);
     used(*s, it->second);
     serve_waiters(*s, it->second, after);
@@ -898,21 +902,28 @@ class memory_backend final : public transport, public std::enable_shared_from_th
                                time_point now) {
     std::vector<message> out;
     // Redeliveries that are due, in stream order.
-    for (auto it = c.pending.begin(); it != c.pending.end() && out.size() < batch;) {
-      auto& [seq, p] = *it;
-      if (!s.msgs.count(seq)) {
-        it = c.pending.erase(it);
-        continue;
+    if (c.due_hint <= now) {
+      auto next_due = time_point::max();
+      auto it = c.pending.begin();
+      for (; it != c.pending.end() && out.size() < batch;) {
+        auto& [seq, p] = *it;
+        if (!s.msgs.count(seq)) {
+          it = c.pending.erase(it);
+          continue;
+        }
+        bool exhausted = c.config.max_deliver > 0 &&
+                         p.deliveries >= static_cast<std::uint64_t>(c.config.max_deliver);
+        if (p.deadline <= now && !exhausted) {
+          ++p.deliveries;
+          p.deadline = now + c.config.ack_wait;
+          ++c.consumer_seq;
+          out.push_back(delivered(s, c, seq, p.deliveries, now));
+        }
+        if (!exhausted) next_due = std::min(next_due, p.deadline);
+        ++it;
       }
-      bool exhausted = c.config.max_deliver > 0 &&
-                       p.deliveries >= static_cast<std::uint64_t>(c.config.max_deliver);
-      if (p.deadline <= now && !exhausted) {
-        ++p.deliveries;
-        p.deadline = now + c.config.ack_wait;
-        ++c.consumer_seq;
-        out.push_back(delivered(s, c, seq, p.deliveries, now));
-      }
-      ++it;
+      // Stopped by the batch: what was not looked at may be due already.
+      c.due_hint = it == c.pending.end() ? next_due : now;
     }
     while (out.size() < batch &&
            (c.config.max_ack_pending <= 0 ||
@@ -927,6 +938,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       c.delivered_stream_seq = seq;
       auto [p, fresh] = c.pending.insert_or_assign(
           seq, pending_delivery{.deliveries = 1, .deadline = now + c.config.ack_wait});
+      c.due_hint = std::min(c.due_hint, p->second.deadline);
       if (fresh) it->second.holders.push_back(&c);
       ++c.consumer_seq;
       out.push_back(delivered(s, c, seq, 1, now));
@@ -1106,8 +1118,14 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (pit == c.pending.end()) return {};  // no longer pending: JetStream ignores it
     auto now = clock_->now();
     switch (kind) {
-      case ack_kind::in_progress: pit->second.deadline = now + c.config.ack_wait; break;
-      case ack_kind::nak: pit->second.deadline = now + std::max(nak_delay, duration::zero()); break;
+      case ack_kind::in_progress:
+        pit->second.deadline = now + c.config.ack_wait;
+        c.due_hint = std::min(c.due_hint, pit->second.deadline);
+        break;
+      case ack_kind::nak:
+        pit->second.deadline = now + std::max(nak_delay, duration::zero());
+        c.due_hint = std::min(c.due_hint, pit->second.deadline);
+        break;
       case ack_kind::ack:
       case ack_kind::term:
         if (auto m = s->msgs.find(seq); m != s->msgs.end()) std::erase(m->second.holders, &c);

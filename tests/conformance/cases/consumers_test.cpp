@@ -535,6 +535,26 @@ TEST_CASE("fetch returns due redeliveries before new messages", "[consumers][fet
   CHECK(next[1].delivery_count == 1);
 }
 
+TEST_CASE("due redeliveries beyond one fetch's batch come in the next fetches, in stream order",
+          "[consumers][fetch][time]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "redelbatch");
+  auto s = create_stream(t, sc);
+  for (int i = 0; i < 3; ++i) publish_ok(t, subject_in(sc, "a"));
+  auto c = consumer_cfg(*fx, sc, {}, 1s);
+  must(t.ensure_consumer(c));
+  REQUIRE(seqs_of(fetch_now(t, c, 3)) == std::vector<std::uint64_t>{1, 2, 3});
+  fx->advance(2s);
+  auto one = fetch_now(t, c, 1);
+  REQUIRE(seqs_of(one) == std::vector<std::uint64_t>{1});
+  CHECK(one[0].delivery_count == 2);
+  auto rest = fetch_now(t, c, 2);
+  REQUIRE(seqs_of(rest) == std::vector<std::uint64_t>{2, 3});
+  CHECK(rest[0].delivery_count == 2);
+  CHECK(rest[1].delivery_count == 2);
+}
+
 TEST_CASE("max_ack_pending caps outstanding deliveries until something is acked",
           "[consumers][fetch]") {
   auto fx = make_fixture();
