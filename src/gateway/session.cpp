@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "amp/detail/embedded_schemas.hpp"
+#include "detail/frame_check.hpp"
 #include "detail/run_in_turn.hpp"
 #include "detail/write_batch.hpp"
 
@@ -396,14 +397,16 @@ void session::impl::process(std::string_view text, std::shared_ptr<void> hold) {
     return fail(rq, errc::unauthenticated, "say hello with a token first");
   }
   if (authenticated && op == "hello") return fail(rq, errc::bad_request, "hello was already said");
-  const auto& schemas = frame_schemas().find(op)->second;
-  if (auto r = detail::schema_access::validate(schemas.shape, frame); !r) {
-    return fail(rq, error(errc::bad_request, r.error().message(), r.error().path()));
-  }
-  if (schemas.names) {
-    if (auto r = detail::schema_access::validate(*schemas.names, frame); !r) {
-      return fail(rq, error(errc::invalid_name, name_problem(op, r.error().path(), frame),
-                            r.error().path()));
+  if (!detail::surely_valid_frame(op, frame)) {
+    const auto& schemas = frame_schemas().find(op)->second;
+    if (auto r = detail::schema_access::validate(schemas.shape, frame); !r) {
+      return fail(rq, error(errc::bad_request, r.error().message(), r.error().path()));
+    }
+    if (schemas.names) {
+      if (auto r = detail::schema_access::validate(*schemas.names, frame); !r) {
+        return fail(rq, error(errc::invalid_name, name_problem(op, r.error().path(), frame),
+                              r.error().path()));
+      }
     }
   }
   if (const double cost = spec->cost; cost > 0) {
