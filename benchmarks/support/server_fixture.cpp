@@ -152,6 +152,11 @@ void countdown::abort(std::string why) {
   cv.notify_all();
 }
 
+std::string countdown::unfinished() {
+  std::lock_guard lock(mu);
+  return fmt::format("{} left{}{}", left, aborted.empty() ? "" : "; ", aborted);
+}
+
 bool countdown::wait(std::chrono::seconds limit) {
   std::unique_lock lock(mu);
   cv.wait_for(lock, limit, [&] { return left <= 0 || !aborted.empty(); });

@@ -88,6 +88,8 @@ struct countdown {
   void abort(std::string why);
   /// True when everything counted down within `limit`; false on timeout or abort.
   bool wait(std::chrono::seconds limit);
+  /// What is left, and why the run was aborted if it was: "12 left; claim: rate_limited …".
+  std::string unfinished();
 };
 
 }  // namespace amp::bench
