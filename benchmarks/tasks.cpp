@@ -6,7 +6,8 @@
 // latency at a fixed offered load (with the same costs per task at that load).
 //
 //   amp-bench-tasks [--backend jetstream|memory] [--tasks N] [--runs R] [--slots LIST]
-//                   [--rate R] [--latency-tasks N] [--quick] [--out FILE]
+//                   [--rate R] [--latency-tasks N] [--latency-trace CSV] [--quick]
+//                   [--out FILE]
 //
 // It starts its own nats-server (temporary file store) and amp-server (the binary built
 // with it, or $AMP_BENCH_SERVER) on free loopback ports, and the clients are amp::client
@@ -52,6 +53,7 @@ struct options {
   int latency_tasks = 10000;
   int window = 512;
   std::string out = AMP_BENCH_TASKS_OUT;
+  std::string latency_trace;  // CSV of every latency run's tasks, when set
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -59,7 +61,7 @@ struct options {
                "amp-bench-tasks: %s\n"
                "usage: amp-bench-tasks [--backend jetstream|memory] [--tasks N] [--runs R]\n"
                "       [--slots 1,8,64] [--rate TASKS_PER_S] [--latency-tasks N] [--window W]\n"
-               "       [--quick] [--out FILE]\n",
+               "       [--latency-trace CSV] [--quick] [--out FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -84,6 +86,8 @@ options parse(int argc, char** argv) {
       o.rate = std::stod(value());
     } else if (a == "--latency-tasks") {
       o.latency_tasks = std::stoi(value());
+    } else if (a == "--latency-trace") {
+      o.latency_trace = value();
     } else if (a == "--window") {
       o.window = std::stoi(value());
     } else if (a == "--slots") {
@@ -260,9 +264,15 @@ throughput_result run_throughput(const std::string& url, const processes& measur
   return {n / seconds, seconds, costs};
 }
 
+// One task of a latency run: when it was submitted (ms from the run's start) and its latency.
+struct traced_task {
+  double submitted_ms = 0, latency_ms = 0;
+};
+
 struct latency_result {
   double p50_ms = 0, p99_ms = 0, p999_ms = 0, achieved_rate = 0;
-  spent costs;  // per task, at the offered load
+  spent costs;                     // per task, at the offered load
+  std::vector<traced_task> tasks;  // in order of completion
 };
 
 // Submits at `rate` tasks/s (one at a time, paced) with 8 worker slots; the latency of a
@@ -277,8 +287,8 @@ latency_result run_latency(const std::string& url, const processes& measured, in
   heartbeats alive(*worker);
   auto producer = connect(url, "producer", ns);
   auto origin = steady::now();
-  std::vector<double> latencies;
-  latencies.reserve(static_cast<std::size_t>(n));
+  std::vector<traced_task> traced;
+  traced.reserve(static_cast<std::size_t>(n));
   std::mutex mu;
   producer->on_push([&](const amp::client_frame& f) {
     if (f.op() != "message") return;
@@ -289,7 +299,7 @@ latency_result run_latency(const std::string& url, const processes& measured, in
     auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now() - origin).count();
     {
       std::lock_guard lock(mu);
-      latencies.push_back(static_cast<double>(now - *t0) / 1e6);
+      traced.push_back({static_cast<double>(*t0) / 1e6, static_cast<double>(now - *t0) / 1e6});
     }
     finished.done();
   });
@@ -312,12 +322,14 @@ latency_result run_latency(const std::string& url, const processes& measured, in
   auto costs = per_task(before, measured.now(), n);
   producer->on_push({});
   worker->on_push({});
+  std::vector<double> latencies;
+  for (const auto& t : traced) latencies.push_back(t.latency_ms);
   std::sort(latencies.begin(), latencies.end());
   auto pct = [&](double p) {
     auto i = static_cast<std::size_t>(p * static_cast<double>(latencies.size() - 1));
     return latencies[i];
   };
-  return {pct(0.50), pct(0.99), pct(0.999), n / sent_seconds, costs};
+  return {pct(0.50), pct(0.99), pct(0.999), n / sent_seconds, costs, std::move(traced)};
 }
 
 }  // namespace
@@ -364,8 +376,18 @@ int run(const options& o) {
   }
   std::vector<double> p50, p99, p999, achieved;
   std::map<std::string, std::vector<double>> paced;  // costs per task at the offered load
+  std::optional<std::ofstream> trace;
+  if (!o.latency_trace.empty()) {
+    trace.emplace(o.latency_trace);
+    if (!*trace) throw std::runtime_error("cannot write " + o.latency_trace);
+    *trace << "run,submitted_ms,latency_ms\n";
+  }
   for (int r = 0; r < o.runs; ++r) {
     auto l = run_latency(url, measured, o.latency_tasks, o.rate, r);
+    if (trace) {
+      for (const auto& t : l.tasks)
+        *trace << fmt::format("{},{:.3f},{:.3f}\n", r + 1, t.submitted_ms, t.latency_ms);
+    }
     std::printf(
         "latency at %.0f tasks/s run=%d: p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms; per task: "
         "amp-server %.0f us CPU, %.1f context switches; nats-server %.0f us CPU, %.1f messages "
