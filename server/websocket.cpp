@@ -86,7 +86,8 @@ class ws_carrier final : public amp::session_carrier {
   using message = typename Config::message_type;
   using message_ptr = typename message::ptr;
 
-  explicit ws_carrier(std::weak_ptr<connection> con) : connection_(std::move(con)) {}
+  ws_carrier(std::weak_ptr<connection> con, net::io_context& io)
+      : connection_(std::move(con)), io_(io) {}
 
   /// Frames the text message here and hands websocketpp a prepared message whose owner
   /// counts its bytes until websocketpp drops it, which it does once the socket write that
@@ -136,6 +137,9 @@ class ws_carrier final : public amp::session_carrier {
 
   void on_message(const message_ptr& msg) {
     if (!session_) return;
+    // The frames of one socket read are handled in one turn of the I/O thread: what they
+    // publish to NATS goes out in one write after it, from a handler queued behind them.
+    if (auto write = amp::session::hold_writes_until_called()) net::post(io_, std::move(write));
     if (msg->get_opcode() == websocketpp::frame::opcode::text) {
       session_->receive(msg->get_payload());
     } else {
@@ -165,6 +169,7 @@ class ws_carrier final : public amp::session_carrier {
 
  private:
   std::weak_ptr<connection> connection_;
+  net::io_context& io_;
   std::shared_ptr<std::atomic<std::size_t>> buffered_ =
       std::make_shared<std::atomic<std::size_t>>(0);
   std::mutex close_mutex_;
@@ -424,7 +429,7 @@ class ws_server {
       con->select_subprotocol(std::string(k_subprotocol), ec);
     }
 
-    auto c = std::make_shared<carrier>(con);
+    auto c = std::make_shared<carrier>(con, io_);
     std::weak_ptr<typename endpoint::connection_type> opened_con = con;
     con->set_open_handler([this, c, opened_con](connection_hdl) {
       if (auto live = opened_con.lock()) opened(c, live);

@@ -9,7 +9,10 @@
 // thread, which then flushes the connection once when its outermost batch closes; false
 // when the connection must write now. A batch around input of which more is already queued
 // may `hold` its writes for the next batch on this thread (at most k_max_held batches in a
-// row), so that a queue of answers handled one after another makes one write.
+// row), so that a queue of answers handled one after another makes one write. A thread that
+// handles input in turns and can run something after a turn (an event loop: frames read
+// together, then a posted handler) may `keep_until_later`: the writes of its batches wait
+// for the function that returns, which may run on any thread.
 //
 // Rules: no thread may block waiting for an answer while its writes are held, so every
 // blocking wait calls `flush()` first (`wait_for`, the transport's blocking API); writes held
@@ -17,7 +20,10 @@
 // thread that deferred to it.
 
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 namespace amp::detail {
@@ -42,6 +48,10 @@ class write_batch {
       ++s.held;
       return;
     }
+    if (s.hand_to_later()) {
+      s.held = 0;
+      return;
+    }
     flush();
   }
   write_batch(const write_batch&) = delete;
@@ -58,36 +68,103 @@ class write_batch {
   static bool defer(const std::shared_ptr<write_sink>& sink) {
     auto& s = state();
     if (s.depth == 0) return false;
-    for (const auto& d : s.deferred) {
-      if (!d.owner_before(sink) && !sink.owner_before(d)) return true;
-    }
-    s.deferred.emplace_back(sink);
+    add_once(s.deferred, sink);
     return true;
   }
 
-  // Flushes every sink deferred on this thread.
+  // From now on, the writes of this thread's batches are kept past their end until the
+  // returned function runs (once, on any thread), which flushes them all. Empty when this
+  // thread already keeps its writes for a function that has not run. A blocking wait on this
+  // thread (`flush`) flushes what is kept at once, and the batches after it flush as usual.
+  // The caller must run the function: until it does, kept writes wait for this thread's next
+  // `flush`.
+  static std::function<void()> keep_until_later() {
+    auto& s = state();
+    if (s.later && !s.later->finished()) return {};
+    s.later = std::make_shared<kept>();
+    return [k = s.later] { k->flush(); };
+  }
+
+  // Flushes every sink deferred on this thread, and what it keeps for later.
   static void flush() noexcept {
     auto& s = state();
     s.hold = false;
     s.held = 0;
     s.flush_deferred();
+    if (auto k = std::exchange(s.later, nullptr)) k->flush();
   }
 
  private:
+  using sinks = std::vector<std::weak_ptr<write_sink>>;
+
+  static void add_once(sinks& to, const std::weak_ptr<write_sink>& sink) {
+    for (const auto& d : to) {
+      if (!d.owner_before(sink) && !sink.owner_before(d)) return;
+    }
+    to.push_back(sink);
+  }
+
+  static void flush_all(const sinks& all) noexcept {
+    for (const auto& d : all) {
+      if (auto live = d.lock()) live->flush_writes();
+    }
+  }
+
+  // Writes kept by `keep_until_later`, shared with the function that flushes them.
+  class kept {
+   public:
+    bool finished() {
+      std::lock_guard lock(mu_);
+      return finished_;
+    }
+    // False when the function has run already: the caller flushes `more` itself.
+    bool take(sinks& more) {
+      std::lock_guard lock(mu_);
+      if (finished_) return false;
+      for (const auto& d : more) add_once(sinks_, d);
+      more.clear();
+      return true;
+    }
+    void flush() noexcept {
+      sinks all;
+      {
+        std::lock_guard lock(mu_);
+        if (finished_) return;
+        finished_ = true;
+        all = std::move(sinks_);
+      }
+      flush_all(all);
+    }
+
+   private:
+    std::mutex mu_;
+    bool finished_ = false;
+    sinks sinks_;
+  };
+
   struct thread_state {
     int depth = 0;
     bool hold = false;
     int held = 0;
-    std::vector<std::weak_ptr<write_sink>> deferred;
+    sinks deferred;
+    std::shared_ptr<kept> later;
     void flush_deferred() noexcept {
       if (deferred.empty()) return;
-      auto sinks = std::move(deferred);
+      auto all = std::move(deferred);
       deferred.clear();
-      for (auto& d : sinks) {
-        if (auto live = d.lock()) live->flush_writes();
-      }
+      flush_all(all);
     }
-    ~thread_state() { flush_deferred(); }
+    // True when what this thread deferred now waits for `later`'s function.
+    bool hand_to_later() {
+      if (!later) return false;
+      if (later->take(deferred)) return true;
+      later.reset();
+      return false;
+    }
+    ~thread_state() {
+      flush_deferred();
+      if (later) later->flush();
+    }
   };
   static thread_state& state() noexcept {
     thread_local thread_state s;

@@ -599,6 +599,10 @@ void session::receive(std::string_view text) {
   impl_->receive(text);
 }
 
+std::function<void()> session::hold_writes_until_called() {
+  return detail::write_batch::keep_until_later();
+}
+
 void session::receive_binary() {
   if (impl_->ended) return;
   impl_->gw->metrics.frame_in("binary");

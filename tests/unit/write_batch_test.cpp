@@ -149,3 +149,73 @@ TEST_CASE("a blocking wait inside a write batch flushes before it waits", "[writ
   CHECK(*r == 42);
   CHECK(sink->flushes == 1);
 }
+
+TEST_CASE("writes kept until later wait past their batches for the function, which flushes once",
+          "[write_batch]") {
+  auto a = std::make_shared<counting_sink>();
+  auto b = std::make_shared<counting_sink>();
+  auto write = write_batch::keep_until_later();
+  REQUIRE(write);
+  CHECK_FALSE(write_batch::keep_until_later());  // one at a time per thread
+  {
+    write_batch frame;
+    write_batch::defer(a);
+  }
+  {
+    write_batch frame;
+    write_batch::defer(a);
+    write_batch::defer(b);
+  }
+  CHECK(a->flushes == 0);
+  CHECK(b->flushes == 0);
+  std::thread(write).join();  // any thread may run it
+  CHECK(a->flushes == 1);
+  CHECK(b->flushes == 1);
+  write();  // once only
+  CHECK(a->flushes == 1);
+
+  {
+    write_batch after;  // the function ran: batches flush at their end again
+    write_batch::defer(a);
+  }
+  CHECK(a->flushes == 2);
+  auto next = write_batch::keep_until_later();
+  REQUIRE(next);
+  next();
+}
+
+TEST_CASE("a blocking wait flushes writes kept until later, and the function then does nothing",
+          "[write_batch]") {
+  auto sink = std::make_shared<counting_sink>();
+  auto write = write_batch::keep_until_later();
+  REQUIRE(write);
+  {
+    write_batch frame;
+    write_batch::defer(sink);
+  }
+  CHECK(sink->flushes == 0);
+  write_batch::flush();
+  CHECK(sink->flushes == 1);
+  write();
+  CHECK(sink->flushes == 1);
+  {
+    write_batch after;
+    write_batch::defer(sink);
+  }
+  CHECK(sink->flushes == 2);
+}
+
+TEST_CASE("writes kept until later are flushed when their thread ends before the function runs",
+          "[write_batch]") {
+  auto sink = std::make_shared<counting_sink>();
+  std::function<void()> write;
+  std::thread([&] {
+    write = write_batch::keep_until_later();
+    write_batch frame;
+    write_batch::defer(sink);
+  }).join();
+  CHECK(sink->flushes == 1);
+  REQUIRE(write);
+  write();
+  CHECK(sink->flushes == 1);
+}

@@ -168,10 +168,20 @@ class session {
   /// One text frame from the client (UTF-8; one JSON object). Never throws, never blocks
   /// on the backend. Frames after `closed` (or after the session asked to close) are
   /// ignored. What handling the frame on this thread publishes to a JetStream backend is
-  /// written in one write when this returns.
+  /// written in one write when this returns (or later: `hold_writes_until_called`).
   void receive(std::string_view text);
   /// A binary frame from the client: answered with `bad_request` (spec §1).
   void receive_binary();
+
+  /// For a carrier whose thread receives frames in turns and can run a function after a
+  /// turn (an event loop that handles what one socket read brought, then a handler it was
+  /// posted): what the frames received on this thread, of any session, publish to a
+  /// JetStream backend is written when the returned function runs, in one write, instead of
+  /// one write per frame. Returns an empty function when this thread already holds its
+  /// writes for one that has not run. The function must run, once, on any thread (until it
+  /// does, the writes wait); a blocking wait on this thread writes what is held first.
+  /// Never blocks.
+  static std::function<void()> hold_writes_until_called();
   /// The connection is gone: open offers go back at once, subscriptions and the inbox
   /// reader stop, the session no longer counts. Leases stay (they live by heartbeats).
   /// Idempotent.

@@ -22,7 +22,9 @@
 /// loop interface). A publish is written on the thread that made it, right after it, except
 /// that what handlers on the reply thread publish is written once the answers already
 /// queued behind theirs have been handled (at most 32 of them), all in one write; the amp
-/// gateway does the same for what one frame publishes. Before any blocking wait, the
+/// gateway does the same for what one frame publishes, and amp-server for what the frames
+/// of one socket read publish (`session::hold_writes_until_called`). Before any blocking
+/// wait, the
 /// waiting thread writes what it holds.
 ///
 /// cnats locks. The first connection opens cnats with a lock spin count of 0 (cnats's
