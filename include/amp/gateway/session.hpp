@@ -182,6 +182,7 @@ class session {
   /// does, the writes wait); a blocking wait on this thread writes what is held first.
   /// Never blocks.
   static std::function<void()> hold_writes_until_called();
+
   /// The connection is gone: open offers go back at once, subscriptions and the inbox
   /// reader stop, the session no longer counts. Leases stay (they live by heartbeats).
   /// Idempotent.

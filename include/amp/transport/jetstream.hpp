@@ -24,8 +24,7 @@
 /// queued behind theirs have been handled (at most 32 of them), all in one write; the amp
 /// gateway does the same for what one frame publishes, and amp-server for what the frames
 /// of one socket read publish (`session::hold_writes_until_called`). Before any blocking
-/// wait, the
-/// waiting thread writes what it holds.
+/// wait, the waiting thread writes what it holds.
 ///
 /// cnats locks. The first connection opens cnats with a lock spin count of 0 (cnats's
 /// default spins 2,000 times on a contended mutex before it sleeps, which on a small machine
