@@ -2,45 +2,38 @@
 
 #include <fmt/format.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <thread>
 
 #include "detail/wait_for.hpp"
 
 namespace amp::jetstream_detail {
 
-retired_msgs::~retired_msgs() {
-  for (auto* m : held_) destroy_(m);
-}
-
-void retired_msgs::retire(natsMsg* m) {
-  std::vector<natsMsg*> batch;
-  bool arm = false;
-  {
-    std::lock_guard lock(mu_);
-    held_.push_back(m);
-    if (held_.size() >= k_batch) {
-      batch.swap(held_);
-    } else if (!armed_) {
-      armed_ = arm = true;
+bool collector_callback_known() {
+  static const bool known = [] {
+    void* free_fn = dlsym(RTLD_DEFAULT, "natsMsg_free");
+    natsMsg* m = nullptr;
+    if (free_fn == nullptr || natsMsg_Create(&m, "amp.probe", nullptr, "", 0) != NATS_OK) {
+      return false;
     }
-  }
-  for (auto* dead : batch) destroy_(dead);
-  if (!arm) return;
-  std::weak_ptr<retired_msgs> weak = weak_from_this();
-  clock_->call_at(clock_->now() + k_delay, [weak] {
-    if (auto self = weak.lock()) self->destroy_held();
-  });
+    std::array<void*, 2> gc{};
+    std::memcpy(gc.data(), m, sizeof gc);
+    natsMsg_Destroy(m);
+    return gc[0] == nullptr && gc[1] == free_fn;
+  }();
+  return known;
 }
 
-void retired_msgs::destroy_held() {
-  std::vector<natsMsg*> batch;
-  {
-    std::lock_guard lock(mu_);
-    batch.swap(held_);
-    armed_ = false;
+void destroy_here(natsMsg* m) {
+  if (collector_callback_known()) {
+    void* none = nullptr;
+    std::memcpy(reinterpret_cast<char*>(m) + sizeof(void*), &none, sizeof none);
   }
-  for (auto* dead : batch) destroy_(dead);
+  natsMsg_Destroy(m);
 }
 
 connection::~connection() {
@@ -201,7 +194,7 @@ natsStatus connection::publish_raw(const std::string& subject, const char* reply
     if (s == NATS_OK) {
       for (const auto& [k, v] : *headers) natsMsgHeader_Add(m, k.c_str(), v.c_str());
       s = natsConnection_PublishMsg(nc_, m);
-      retired_->retire(m);
+      destroy_here(m);
     }
   }
   socket_loop::publishing(false);
@@ -314,10 +307,8 @@ void connection::on_reply(natsConnection*, natsSubscription* sub, natsMsg* m, vo
     } catch (...) {  // handlers are guarded: this is the transport's own failure
       detail::report_current_exception(*self->sink_, "the NATS reply subscription");
     }
-    self->retired_->retire(m);
-  } else {
-    natsMsg_Destroy(m);
   }
+  destroy_here(m);
 }
 
 void connection::hand_back(natsMsg* m) {
@@ -408,7 +399,7 @@ void on_push(natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
   } catch (...) {  // handlers are guarded by the queue: this is the transport's own failure
     detail::report_current_exception(st->sink, "an ordered consumer");
   }
-  st->retired->retire(m);
+  destroy_here(m);
 }
 
 void free_push_state(void* closure) {

@@ -35,37 +35,18 @@ struct in_callback_scope {
   in_callback_scope& operator=(const in_callback_scope&) = delete;
 };
 
-// Destroys received and sent messages in batches. natsMsg_Destroy hands each message to
-// cnats's collector thread and wakes that thread whenever it sleeps: at our rates, two
-// context switches for every message. A batch goes at k_batch messages, or k_delay after
-// the first of it on the clock; what is left when this is destroyed goes then.
-// Thread-safe.
-class retired_msgs : public std::enable_shared_from_this<retired_msgs> {
- public:
-  static constexpr std::size_t k_batch = 256;
-  static constexpr duration k_delay = std::chrono::milliseconds(2);
+// Destroys `m` (not null) on this thread. natsMsg_Destroy hands every message to cnats's
+// collector thread and wakes that thread whenever it sleeps: at our rates, two context
+// switches for every message. A message whose collector callback is cleared is freed by
+// natsMsg_Destroy at once, so this clears it first when `collector_callback_known()`.
+void destroy_here(natsMsg* m);
 
-  using destroy_fn = void (*)(natsMsg*);
-
-  // `destroy` frees one message (tests count them).
-  explicit retired_msgs(std::shared_ptr<amp::clock> clock, destroy_fn destroy = natsMsg_Destroy)
-      : clock_(std::move(clock)), destroy_(destroy) {}
-  ~retired_msgs();
-  retired_msgs(const retired_msgs&) = delete;
-  retired_msgs& operator=(const retired_msgs&) = delete;
-
-  // Takes `m` (not null); it is destroyed later, on this thread or the clock's.
-  void retire(natsMsg* m);
-
- private:
-  void destroy_held();
-
-  std::shared_ptr<amp::clock> clock_;
-  destroy_fn destroy_;
-  std::mutex mu_;
-  std::vector<natsMsg*> held_;
-  bool armed_ = false;
-};
+// Whether this cnats keeps a message's collector callback where `destroy_here` expects it
+// (the second pointer of the message, which begins with cnats's natsGCItem {next, freeCb}):
+// checked once, on a message made for it, against the address of cnats's natsMsg_free.
+// When not, `destroy_here` is natsMsg_Destroy: the layout is cnats's private one, and a
+// cnats that changes it costs speed, not correctness.
+bool collector_callback_known();
 
 struct nats_reply {
   std::string data;
@@ -89,10 +70,7 @@ class connection : public detail::write_sink, public std::enable_shared_from_thi
  public:
   connection(std::shared_ptr<amp::clock> clock, duration op_timeout,
              std::shared_ptr<const detail::handler_error_sink> sink)
-      : clock_(std::move(clock)),
-        op_timeout_(op_timeout),
-        sink_(std::move(sink)),
-        retired_(std::make_shared<retired_msgs>(clock_)) {}
+      : clock_(std::move(clock)), op_timeout_(op_timeout), sink_(std::move(sink)) {}
 
   // Requests still outstanding are answered `unavailable` ("transport closed").
   ~connection();
@@ -104,8 +82,6 @@ class connection : public detail::write_sink, public std::enable_shared_from_thi
   const std::shared_ptr<amp::clock>& clock() const { return clock_; }
   duration op_timeout() const { return op_timeout_; }
   const std::shared_ptr<const detail::handler_error_sink>& sink() const { return sink_; }
-  // Where the messages of this connection's subscriptions go when handled.
-  const std::shared_ptr<retired_msgs>& retired() const { return retired_; }
   time_point deadline() const { return clock_->now() + op_timeout_; }
 
   // Sends one message expecting responses on a fresh reply subject. Returns an error when
@@ -185,7 +161,6 @@ class connection : public detail::write_sink, public std::enable_shared_from_thi
   std::shared_ptr<amp::clock> clock_;
   duration op_timeout_;
   std::shared_ptr<const detail::handler_error_sink> sink_;
-  std::shared_ptr<retired_msgs> retired_;
   std::unique_ptr<socket_loop> loop_;
   natsConnection* nc_ = nullptr;
   jsCtx* js_ = nullptr;
@@ -225,7 +200,6 @@ struct push_state {
   detail::handler_error_sink sink;
   std::shared_ptr<serial_queue> queue;
   std::function<void(natsMsg*)> handle;  // runs on the cnats thread, pushes to the queue
-  std::shared_ptr<retired_msgs> retired;
 };
 
 void on_push(natsConnection*, natsSubscription*, natsMsg* m, void* closure);

@@ -307,7 +307,7 @@ result<std::unique_ptr<subscription>> jetstream_backend::do_kv_watch(
   // Updates are the revisions after the last one now, asked for by sequence (see
   // subscribe_ordered); older ones that the server may start with are skipped.
   const std::uint64_t first_update = info->state.last_seq + 1;
-  auto* st = new push_state{*sink_, queue, {}, conn_->retired()};
+  auto* st = new push_state{*sink_, queue, {}};
   st->handle = [queue, progress, mark_caught_up, on_entry, prefix, b = std::string(bucket),
                 updates_only, include_history, first_update](natsMsg* m) {
     kv_entry e;

@@ -270,7 +270,7 @@ result<std::unique_ptr<subscription>> jetstream_backend::do_subscribe_ordered(
   std::string filter = request.filter_subject;
   if (filter.empty() && info->config.subjects.size() == 1) filter = info->config.subjects[0];
   auto queue = std::make_shared<serial_queue>(*sink_);
-  auto* st = new push_state{*sink_, queue, {}, conn_->retired()};
+  auto* st = new push_state{*sink_, queue, {}};
   std::optional<time_point> not_before;
   if (request.start == deliver_policy::by_start_time) not_before = request.start_time;
   // New messages are those after the stream's last one now, asked for by sequence: a

@@ -1,10 +1,5 @@
 #include <catch2/catch.hpp>
 
-#include <cstdint>
-#include <memory>
-#include <vector>
-
-#include "amp/clock.hpp"
 #include "amp/transport/jetstream.hpp"
 #include "transport/jetstream/connection.hpp"
 
@@ -31,53 +26,18 @@ TEST_CASE("connect errors name the URL without its password", "[jetstream]") {
   CHECK(r.error().message().find("nats://amp:***@127.0.0.1:1") != std::string::npos);
 }
 
-namespace {
-
-std::vector<natsMsg*> destroyed_msgs;
-
-void count_destroyed(natsMsg* m) {
-  destroyed_msgs.push_back(m);
-}
-
-natsMsg* fake_msg(std::uintptr_t n) {
-  return reinterpret_cast<natsMsg*>(n * 16);
-}
-
-}  // namespace
-
-TEST_CASE("handled NATS messages are destroyed in batches, by count or after a delay",
-          "[jetstream]") {
-  using amp::jetstream_detail::retired_msgs;
-  destroyed_msgs.clear();
-  auto clock = std::make_shared<amp::manual_clock>();
-  auto retired = std::make_shared<retired_msgs>(clock, &count_destroyed);
-
-  SECTION("a full batch goes at once, in the order retired") {
-    for (std::uintptr_t i = 1; i < retired_msgs::k_batch; ++i) retired->retire(fake_msg(i));
-    CHECK(destroyed_msgs.empty());
-    retired->retire(fake_msg(retired_msgs::k_batch));
-    REQUIRE(destroyed_msgs.size() == retired_msgs::k_batch);
-    CHECK(destroyed_msgs.front() == fake_msg(1));
-    CHECK(destroyed_msgs.back() == fake_msg(retired_msgs::k_batch));
-  }
-  SECTION("a partial batch goes k_delay after its first message") {
-    retired->retire(fake_msg(1));
-    clock->advance(retired_msgs::k_delay / 2);
-    retired->retire(fake_msg(2));
-    CHECK(destroyed_msgs.empty());
-    clock->advance(retired_msgs::k_delay / 2);
-    CHECK(destroyed_msgs == std::vector<natsMsg*>{fake_msg(1), fake_msg(2)});
-    CHECK(clock->pending_timers() == 0);
-    retired->retire(fake_msg(3));  // a new batch, a new delay
-    clock->advance(retired_msgs::k_delay);
-    CHECK(destroyed_msgs.size() == 3);
-  }
-  SECTION("what is held when it goes is destroyed then") {
-    retired->retire(fake_msg(1));
-    retired->retire(fake_msg(2));
-    retired.reset();
-    CHECK(destroyed_msgs.size() == 2);
-    clock->advance(retired_msgs::k_delay);  // its timer finds it gone
-    CHECK(destroyed_msgs.size() == 2);
+TEST_CASE("handled NATS messages are freed without cnats's collector thread", "[jetstream]") {
+  using namespace amp::jetstream_detail;
+  REQUIRE(nats_Open(-1) == NATS_OK);
+  // Debian's cnats keeps the collector callback where destroy_here clears it; if a new cnats
+  // moves it, destroy_here falls back to handing messages to the collector (and this fails).
+  CHECK(collector_callback_known());
+  // Received and sent messages alike, with headers (freed with the message) and without;
+  // the sanitizer builds see a leak or a double free here.
+  for (int i = 0; i < 3; ++i) {
+    natsMsg* m = nullptr;
+    REQUIRE(natsMsg_Create(&m, "amp.test", i == 0 ? nullptr : "amp.reply", "data", 4) == NATS_OK);
+    if (i == 2) REQUIRE(natsMsgHeader_Add(m, "Amp-Task", "t_1") == NATS_OK);
+    destroy_here(m);
   }
 }
