@@ -15,6 +15,7 @@
 #include "amp/json.hpp"
 #include "amp/subjects.hpp"
 #include "broker/common.hpp"
+#include "detail/string_hash.hpp"
 #include "detail/wait_for.hpp"
 
 namespace amp {
@@ -114,7 +115,9 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     std::optional<task_record> record;  // nothing while pending
     std::vector<std::function<void()>> waiting;
   };
-  std::map<std::string, fresh_entry, std::less<>> fresh_records;
+  using fresh_map =
+      std::unordered_map<std::string, fresh_entry, detail::string_hash, std::equal_to<>>;
+  fresh_map fresh_records;
   std::deque<std::string> fresh_order;
 
   // ----- small helpers -----------------------------------------------------------------
@@ -192,7 +195,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   // Forgets every entry, running what waits for one (a fetch waiting on a closed job queue
   // is answered `unavailable`).
   void drop_fresh() {
-    std::map<std::string, fresh_entry, std::less<>> dropped;
+    fresh_map dropped;
     {
       std::lock_guard lock(mu);
       dropped.swap(fresh_records);
@@ -1075,21 +1078,22 @@ result<lease> job_queue::claim(const offer& o, const participant_name& who) {
   return s_->claimed(o, who, s_->store->update(std::move(*r)));
 }
 
-void job_queue::async_claim(const offer& o, const participant_name& who, completion<lease> done) {
-  auto r = s_->claim_record(o, who);
+void job_queue::async_claim(std::shared_ptr<const offer> o, const participant_name& who,
+                            completion<lease> done) {
+  auto r = s_->claim_record(*o, who);
   if (!r) return done(r.error());
   std::weak_ptr<state> weak = s_;
-  s_->store->async_update(std::move(*r), [weak, o, who, done = std::move(done)](
+  s_->store->async_update(std::move(*r), [weak, o = std::move(o), who, done = std::move(done)](
                                              result<task_record> stored) mutable {
     auto s = weak.lock();
     if (!s) return done(closed_error());
     if (stored || stored.error().code() != errc::conflict) {
-      return done(s->claimed(o, who, std::move(stored)));
+      return done(s->claimed(*o, who, std::move(stored)));
     }
     // A lost compare-and-set is judged by reading the record, which blocks: not on the
     // transport's thread.
     s->post([s, o = std::move(o), who = std::move(who), stored = std::move(stored),
-             done = std::move(done)]() mutable { done(s->claimed(o, who, std::move(stored))); });
+             done = std::move(done)]() mutable { done(s->claimed(*o, who, std::move(stored))); });
   });
 }
 

@@ -17,6 +17,7 @@
 #include "amp/subjects.hpp"
 #include "amp/timestamp.hpp"
 #include "broker/common.hpp"
+#include "detail/simdjson_adapter.hpp"
 #include "detail/wait_for.hpp"
 
 namespace amp {
@@ -159,7 +160,8 @@ std::string to_json(const task_record& r) {
 }
 
 result<task_record> parse_task_record(std::string_view json) {
-  simdjson::dom::parser parser;
+  thread_local simdjson::dom::parser parser;  // reused for its buffers
+  detail::parser_release release(parser);
   simdjson::dom::element doc;
   simdjson::dom::object o;
   if (parser.parse(json.data(), json.size()).get(doc) != simdjson::SUCCESS ||

@@ -112,9 +112,10 @@ void session::impl::on_claim(request& rq) {
     return fail(rq, errc::not_found,
                 fmt::format("no open offer of task {} for you", amp::quoted(task)));
   auto started = std::chrono::steady_clock::now();
+  auto held = std::make_shared<const offer>(std::move(*o));
   st->b->jobs().async_claim(
-      *o, me.participant,
-      [self = shared_from_this(), rq = later(rq), st, o = *o, started](result<lease> l) {
+      held, me.participant,
+      [self = shared_from_this(), rq = later(rq), st, o = held, started](result<lease> l) {
         self->gw->metrics.backend(seconds_since(started));
         {
           std::lock_guard lock(st->mu);
@@ -122,7 +123,7 @@ void session::impl::on_claim(request& rq) {
           auto it = st->workers.find(self.get());
           if (it != st->workers.end()) {
             --it->second.claiming;
-            if (l) it->second.leases.insert_or_assign(o.task.task, o.task.job);
+            if (l) it->second.leases.insert_or_assign(o->task.task, o->task.job);
           }
         }
         if (!l) {
@@ -130,12 +131,12 @@ void session::impl::on_claim(request& rq) {
           return self->gw->post([self, rq, st, o, l] {
             self->fail(rq, l.error());
             auto code = l.error().code();  // conflict, not_found: the offer is over already
-            self->gw->offer_done(st, o, code != errc::conflict && code != errc::not_found);
+            self->gw->offer_done(st, *o, code != errc::conflict && code != errc::not_found);
           });
         }
         self->gw->metrics.transition("running");
         json_writer w;
-        w.begin_object().key("task").string(o.task.task).key("attempt").integer(l->attempt);
+        w.begin_object().key("task").string(o->task.task).key("attempt").integer(l->attempt);
         w.key("lease_expires_at").string(format_timestamp(l->expires_at)).end_object();
         self->reply_members(rq, w.take());
       });

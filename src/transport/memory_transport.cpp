@@ -178,7 +178,7 @@ struct kv_watcher {
 struct bucket_state {
   kv_config config;
   std::uint64_t seq = 0;
-  std::map<std::string, std::deque<kv_revision>, std::less<>> keys;
+  std::map<std::string, std::vector<kv_revision>, std::less<>> keys;
   std::vector<std::shared_ptr<kv_watcher>> watchers;
   std::map<std::string, timer_id, std::less<>> ttl_timers;  // per key: its latest TTL
 };
@@ -1167,7 +1167,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     }
   }
 
-  void expire_key(bucket_state& b, const std::string& key, std::deque<kv_revision>& revs,
+  void expire_key(bucket_state& b, const std::string& key, std::vector<kv_revision>& revs,
                   time_point now, deferred& after) {
     if (revs.empty()) return;
     auto latest = revs.back().entry.revision;
@@ -1195,12 +1195,15 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     rev.entry.created = clock_->now();
     rev.entry.op = op;
     rev.expires = expires;
-    revs.push_back(rev);
-    while (revs.size() > static_cast<std::size_t>(b.config.history)) revs.pop_front();
+    revs.push_back(std::move(rev));
+    if (auto history = static_cast<std::size_t>(b.config.history); revs.size() > history) {
+      revs.erase(revs.begin(), revs.end() - static_cast<std::ptrdiff_t>(history));
+    }
+    const kv_entry& written = revs.back().entry;
     std::erase_if(b.watchers, [](const auto& w) { return w->queue->stopped(); });
     for (auto& w : b.watchers) {
       if (subjects::subject_matches(w->filter, key)) {
-        w->queue->push([w, e = rev.entry] { w->on_entry(e); });
+        w->queue->push([w, e = written] { w->on_entry(e); });
         after.drain(w->queue);
       }
     }

@@ -200,8 +200,9 @@ class job_queue {
   /// `claim`, asynchronously: `done` runs on a transport thread or, when the write was lost
   /// (perhaps to this very claim, sent before), on the executor after reading the record
   /// (or at once on the calling thread for an offer that lapsed). Do not wait for it on
-  /// the executor's threads.
-  void async_claim(const offer& o, const participant_name& who, completion<lease> done);
+  /// the executor's threads. The offer is shared, not copied: keep it unchanged until `done`.
+  void async_claim(std::shared_ptr<const offer> o, const participant_name& who,
+                   completion<lease> done);
   /// Hands an offer back: offered again after the job's `decline_delay`; no attempt.
   result<void> decline(const offer& o);
   /// Hands an offer back at once (its session went away, or no session could take it); no

@@ -16,6 +16,13 @@
 
 namespace amp::jetstream_detail {
 
+namespace {
+
+// Room made for a pull's messages when the first arrives: what it asked for, up to this.
+constexpr std::size_t k_fetch_reserve = 256;
+
+}  // namespace
+
 void jetstream_backend::do_async_fetch(std::string_view stream, std::string_view durable,
                                        fetch_request request,
                                        completion<std::vector<message>> done) {
@@ -80,6 +87,7 @@ void jetstream_backend::pull(const std::shared_ptr<fetch_state>& f, std::size_t 
         if (msg.time < f->not_before) {
           self->conn_->publish_raw(msg.ack_token, nullptr, "+ACK", nullptr);
         } else {
+          if (f->got.empty()) f->got.reserve(std::min<std::size_t>(n, k_fetch_reserve));
           f->got.push_back(std::move(msg));
         }
         if (++*received < n) return false;

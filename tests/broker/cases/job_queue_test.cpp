@@ -188,7 +188,9 @@ TEST_CASE("the asynchronous forms: submit, claim and complete, and a change made
   CHECK(env.record(submitted.task).state == task_state::queued);
   auto o = env.one_offer();
   CHECK(o.task.task == submitted.task.str());
-  auto l = must(await<lease>([&](auto done) { env.q->async_claim(o, env.w1, std::move(done)); }));
+  auto l = must(await<lease>([&](auto done) {
+    env.q->async_claim(std::make_shared<const amp::offer>(o), env.w1, std::move(done));
+  }));
   CHECK(l.attempt == 1);
   auto done = must(await<completion_result>(
       [&](auto d) { env.q->async_complete(l.task, env.w1, R"({"ok":1})", {}, std::move(d)); }));
