@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <string>
 
@@ -918,15 +919,48 @@ namespace {
 // An executor that keeps the work until the test runs it, newest first: the most
 // adversarial order a pool of threads could produce.
 struct lifo_executor {
-  std::shared_ptr<std::vector<std::function<void()>>> queue =
-      std::make_shared<std::vector<std::function<void()>>>();
+  struct work_queue {
+    std::mutex mu;
+    std::vector<std::function<void()>> work;
+    std::size_t size() {
+      std::lock_guard lock(mu);
+      return work.size();
+    }
+  };
+  std::shared_ptr<work_queue> queue = std::make_shared<work_queue>();
+
+  lifo_executor() = default;
+  lifo_executor(const lifo_executor&) = delete;
+  lifo_executor& operator=(const lifo_executor&) = delete;
+  // Work posted while the rig shuts down (its timers fire then, on another thread than the
+  // shutdown's) holds the gateway, whose executor holds this queue: it is dropped here, or
+  // the two would keep each other alive.
+  ~lifo_executor() {
+    for (;;) {
+      std::vector<std::function<void()>> left;
+      {
+        std::lock_guard lock(queue->mu);
+        left.swap(queue->work);
+      }
+      if (left.empty()) break;
+    }
+  }
+
   amp::executor run() const {
-    return [q = queue](std::function<void()> work) { q->push_back(std::move(work)); };
+    return [q = queue](std::function<void()> work) {
+      std::lock_guard lock(q->mu);
+      q->work.push_back(std::move(work));
+    };
   }
   void drain() const {
-    while (!queue->empty()) {
-      auto work = std::move(queue->back());
-      queue->pop_back();
+    for (;;) {
+      std::function<void()> work;
+      {
+        std::lock_guard lock(queue->mu);
+        if (queue->work.empty()) return;
+        work = std::move(queue->work.back());
+        queue->work.pop_back();
+      }
       work();
     }
   }
@@ -998,7 +1032,7 @@ TEST_CASE("ops that never wait for the backend run on the receiving thread, in t
   // ack and claim are answered before receive returns, with nothing left to the executor.
   alice.send(R"({"op":"ack","id":1,"seq":99})");
   alice.send(R"({"op":"claim","id":2,"task":"t_1"})");
-  CHECK(pool.queue->empty());
+  CHECK(pool.queue->size() == 0);
   CHECK(ids_of(alice, "error") == std::vector<std::string>{"1", "2"});
   for (auto& f : alice.seen) CHECK(f.code() == "not_found");
   alice.seen.clear();
@@ -1006,7 +1040,7 @@ TEST_CASE("ops that never wait for the backend run on the receiving thread, in t
   // So is a submit without an idempotency key; one with a key finds its binding on the
   // executor, where any other op runs.
   alice.send(R"({"op":"submit","id":7,"job":"j","body":1})");
-  CHECK(pool.queue->empty());
+  CHECK(pool.queue->size() == 0);
   CHECK(ids_of(alice, "ok") == std::vector<std::string>{"7"});
   alice.seen.clear();
   alice.send(R"({"op":"submit","id":8,"job":"j","body":1,"idempotency_key":"k"})");
