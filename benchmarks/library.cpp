@@ -474,22 +474,21 @@ class worker {
   }
 
   void claim(amp::offer o) {
-    auto body = o.env.body;
-    q_.async_claim(std::make_shared<const amp::offer>(std::move(o)), worker_name(),
-                   [this, body = std::move(body)](amp::result<amp::lease> l) {
-                     std::size_t again = 0;
-                     {
-                       std::lock_guard lock(mu_);
-                       if (l) {
-                         ++claims_;
-                         claimed_.emplace_back(l->task, body);
-                         cv_.notify_all();
-                         return;
-                       }
-                       again = settle("claim: " + l.error().to_string());
-                     }
-                     if (again > 0) fetch(again);
-                   });
+    auto held = std::make_shared<const amp::offer>(std::move(o));
+    q_.async_claim(held, worker_name(), [this, held](amp::result<amp::lease> l) {
+      std::size_t again = 0;
+      {
+        std::lock_guard lock(mu_);
+        if (l) {
+          ++claims_;
+          claimed_.emplace_back(l->task, held->env.body);
+          cv_.notify_all();
+          return;
+        }
+        again = settle("claim: " + l.error().to_string());
+      }
+      if (again > 0) fetch(again);
+    });
   }
 
   // A task is over for the worker (under `mu_`): its slot is free. Returns what to fetch
