@@ -180,10 +180,11 @@ class heartbeats {
 using amp::bench::body_at;
 
 // What the processes under test have spent so far: CPU of amp-server and nats-server,
-// amp-server's voluntary context switches, and the messages nats-server received (-1 where
-// there is no such process or no monitoring port).
+// amp-server's voluntary context switches, the messages nats-server received (-1 where
+// there is no such process or no monitoring port), and the CPU of this process (the
+// producer's and the worker's `amp::client`, sharing the machine with the servers).
 struct spent {
-  double server_cpu = -1, server_switches = -1, nats_cpu = -1, nats_msgs = -1;
+  double server_cpu = -1, server_switches = -1, nats_cpu = -1, nats_msgs = -1, client_cpu = -1;
 };
 
 struct processes {
@@ -199,6 +200,7 @@ struct processes {
       s.nats_cpu = cpu_seconds(nats);
       s.nats_msgs = server_in_msgs(nats_http_port);
     }
+    s.client_cpu = amp::bench::cpu_seconds_self();
     return s;
   }
 };
@@ -210,7 +212,8 @@ spent per_task(const spent& before, const spent& after, int n) {
   };
   return {per(before.server_cpu, after.server_cpu, 1e6),
           per(before.server_switches, after.server_switches, 1),
-          per(before.nats_cpu, after.nats_cpu, 1e6), per(before.nats_msgs, after.nats_msgs, 1)};
+          per(before.nats_cpu, after.nats_cpu, 1e6), per(before.nats_msgs, after.nats_msgs, 1),
+          per(before.client_cpu, after.client_cpu, 1e6)};
 }
 
 struct throughput_result {
@@ -359,13 +362,15 @@ int run(const options& o) {
       auto t = run_throughput(url, measured, o.tasks, slots, o.window, r);
       std::printf(
           "throughput slots=%d run=%d: %.0f tasks/s (%d tasks in %.2f s); per task: amp-server "
-          "%.0f us CPU, %.1f context switches; nats-server %.0f us CPU, %.1f messages in\n",
+          "%.0f us CPU, %.1f context switches; nats-server %.0f us CPU, %.1f messages in; "
+          "clients %.0f us CPU\n",
           slots, r + 1, t.tasks_per_s, o.tasks, t.seconds, t.costs.server_cpu,
-          t.costs.server_switches, t.costs.nats_cpu, t.costs.nats_msgs);
+          t.costs.server_switches, t.costs.nats_cpu, t.costs.nats_msgs, t.costs.client_cpu);
       std::fflush(stdout);
       v.push_back(t.tasks_per_s);
       c["amp_server_cpu_us"].push_back(t.costs.server_cpu);
       c["amp_server_context_switches"].push_back(t.costs.server_switches);
+      c["clients_cpu_us"].push_back(t.costs.client_cpu);
       if (nats) {
         c["nats_server_cpu_us"].push_back(t.costs.nats_cpu);
         c["nats_server_in_msgs"].push_back(t.costs.nats_msgs);
@@ -391,12 +396,13 @@ int run(const options& o) {
     std::printf(
         "latency at %.0f tasks/s run=%d: p50 %.2f ms, p99 %.2f ms, p99.9 %.2f ms; per task: "
         "amp-server %.0f us CPU, %.1f context switches; nats-server %.0f us CPU, %.1f messages "
-        "in\n",
+        "in; clients %.0f us CPU\n",
         o.rate, r + 1, l.p50_ms, l.p99_ms, l.p999_ms, l.costs.server_cpu, l.costs.server_switches,
-        l.costs.nats_cpu, l.costs.nats_msgs);
+        l.costs.nats_cpu, l.costs.nats_msgs, l.costs.client_cpu);
     std::fflush(stdout);
     paced["amp_server_cpu_us"].push_back(l.costs.server_cpu);
     paced["amp_server_context_switches"].push_back(l.costs.server_switches);
+    paced["clients_cpu_us"].push_back(l.costs.client_cpu);
     if (nats) {
       paced["nats_server_cpu_us"].push_back(l.costs.nats_cpu);
       paced["nats_server_in_msgs"].push_back(l.costs.nats_msgs);
