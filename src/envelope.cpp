@@ -6,6 +6,7 @@
 #include "amp/schema.hpp"
 #include "amp/timestamp.hpp"
 #include "detail/envelope_check.hpp"
+#include "detail/minify.hpp"
 #include "detail/simdjson_adapter.hpp"
 
 namespace amp {
@@ -63,7 +64,7 @@ result<envelope> parse_envelope(std::string_view json) {
   }
   e.ts = std::chrono::floor<std::chrono::milliseconds>(*ts);  // the wire's precision
 
-  e.body = simdjson::minify(object.at_key("body").value_unsafe());
+  e.body = detail::minify(object.at_key("body").value_unsafe());
 
   dom::object headers;
   if (!object.at_key("headers").get_object().get(headers)) {
@@ -93,7 +94,7 @@ std::string to_json(const envelope& e) {
   if (!e.type.empty()) {
     w.key("type").string(e.type);
   }
-  w.key("ts").string(format_timestamp(e.ts));
+  w.key("ts").string(format_timestamp_chars(e.ts).view());
   w.key("body");
   if (e.body.empty()) {
     w.null();

@@ -84,14 +84,14 @@ class reader {
 
 }  // namespace
 
-std::string format_timestamp(time_point t) {
+timestamp_chars format_timestamp_chars(time_point t) {
   const auto ms = std::chrono::floor<milliseconds>(t);
   const auto day = std::chrono::floor<days>(ms);
   const std::chrono::year_month_day ymd{day};
   const std::chrono::hh_mm_ss hms{ms - day};
 
-  std::string out(24, '\0');  // YYYY-MM-DDTHH:MM:SS.mmmZ
-  char* p = out.data();
+  timestamp_chars out;  // YYYY-MM-DDTHH:MM:SS.mmmZ
+  char* p = out.chars.data();
   p = put_digits(p, static_cast<unsigned>(static_cast<int>(ymd.year())), 4);
   *p++ = '-';
   p = put_digits(p, static_cast<unsigned>(ymd.month()), 2);
@@ -107,6 +107,10 @@ std::string format_timestamp(time_point t) {
   p = put_digits(p, static_cast<unsigned>(hms.subseconds().count()), 3);
   *p = 'Z';
   return out;
+}
+
+std::string format_timestamp(time_point t) {
+  return std::string(format_timestamp_chars(t).view());
 }
 
 result<time_point> parse_timestamp(std::string_view text) {

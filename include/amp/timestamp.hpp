@@ -3,6 +3,7 @@
 /// \file
 /// Timestamps on the wire: RFC 3339, UTC, with milliseconds (spec §1).
 
+#include <array>
 #include <string>
 #include <string_view>
 
@@ -14,6 +15,16 @@ namespace amp {
 /// `t` as `2026-11-30T12:00:00.123Z`: UTC, always three fractional digits, truncated
 /// (rounded down, also before 1970) to the millisecond. Thread-safe.
 std::string format_timestamp(time_point t);
+
+/// The 24 characters of `format_timestamp(t)`, held in place rather than in a string.
+struct timestamp_chars {
+  std::array<char, 24> chars{};
+  std::string_view view() const noexcept { return {chars.data(), chars.size()}; }
+};
+
+/// `format_timestamp(t)` without allocating, for writers that copy the text at once
+/// (`json_writer::string(format_timestamp_chars(t).view())`). Thread-safe.
+timestamp_chars format_timestamp_chars(time_point t);
 
 /// Parses an RFC 3339 date-time: `YYYY-MM-DDTHH:MM:SS`, an optional `.` followed by 1 to 9
 /// fractional digits, then `Z` or an offset `+hh:mm` / `-hh:mm` (the result is UTC).

@@ -50,7 +50,7 @@ error closed_error() {
 }
 
 std::string notice_body(const task_record& r) {
-  json_writer w;
+  json_writer w(160 + r.result.size() + (r.error ? r.error->message.size() : 0));
   w.begin_object();
   w.key("task").string(r.task);
   w.key("job").string(r.job);
@@ -717,6 +717,17 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     return store->get(config.ns, task);
   }
 
+  // Whether `written_for` has a record, without copying it.
+  bool has_written_for(std::string_view task, const participant_name& who,
+                       std::optional<int> attempt) {
+    std::lock_guard lock(mu);
+    auto it = leases.find(task);
+    if (it == leases.end() || it->second.holder != who) return false;
+    const task_record& w = it->second.record;
+    return w.state == task_state::running && w.lease_expires_at > now() &&
+           (!attempt || w.attempt == *attempt);
+  }
+
   // `written_live`, unless the caller names another attempt than the one written.
   std::optional<task_record> written_for(std::string_view task, const participant_name& who,
                                          std::optional<int> attempt) {
@@ -1148,7 +1159,7 @@ bool job_queue::holds(const task_id& task, const participant_name& who) const {
 
 bool job_queue::completes_from_written(const task_id& task, const participant_name& who,
                                        std::optional<int> attempt) const {
-  return s_->written_for(task.view(), who, attempt).has_value();
+  return s_->has_written_for(task.view(), who, attempt);
 }
 
 std::vector<job_queue::heartbeat_outcome> job_queue::heartbeat_all(const participant_name& who) {

@@ -16,6 +16,7 @@
 #include "amp/subjects.hpp"
 #include "amp/timestamp.hpp"
 #include "broker/common.hpp"
+#include "detail/minify.hpp"
 #include "detail/simdjson_adapter.hpp"
 #include "detail/write_batch.hpp"
 
@@ -126,7 +127,7 @@ std::optional<record> decode(std::string_view json, std::string_view key) {
   r.entry.load = static_cast<int>(load);
   dom::object meta;
   if (o["meta"].get_object().get(meta)) return std::nullopt;
-  r.entry.meta = simdjson::minify(meta);
+  r.entry.meta = detail::minify(meta);
   for (auto [name, field] : {std::pair{"updated_at", &r.entry.updated_at},
                              std::pair{"expires_at", &r.entry.expires_at}}) {
     if (o[name].get_string().get(text)) return std::nullopt;

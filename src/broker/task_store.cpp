@@ -17,6 +17,7 @@
 #include "amp/subjects.hpp"
 #include "amp/timestamp.hpp"
 #include "broker/common.hpp"
+#include "detail/minify.hpp"
 #include "detail/simdjson_adapter.hpp"
 #include "detail/wait_for.hpp"
 
@@ -69,7 +70,7 @@ void write_time_or_null(json_writer& w, std::string_view key, time_point t) {
   if (t == time_point{}) {
     w.null();
   } else {
-    w.string(format_timestamp(t));
+    w.string(format_timestamp_chars(t).view());
   }
 }
 
@@ -84,7 +85,7 @@ void write_string_or_null(json_writer& w, std::string_view key, const std::strin
 
 // The spec's members, then either the revision (wire form) or the broker's own members.
 std::string write_record(const task_record& r, bool stored) {
-  json_writer w;
+  json_writer w(512 + r.result.size() + (r.error ? r.error->message.size() : 0));
   w.begin_object();
   w.key("task").string(r.task);
   w.key("ns").string(r.ns);
@@ -188,7 +189,7 @@ result<task_record> parse_task_record(std::string_view json) {
     *field = *t;
   }
   simdjson::dom::element e;
-  if (o["result"].get(e) == simdjson::SUCCESS && !e.is_null()) r.result = simdjson::minify(e);
+  if (o["result"].get(e) == simdjson::SUCCESS && !e.is_null()) r.result = detail::minify(e);
   simdjson::dom::object err;
   if (o["error"].get(err) == simdjson::SUCCESS) {
     r.error = task_error{string_member(err, "code"), string_member(err, "message")};

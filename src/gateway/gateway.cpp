@@ -77,7 +77,7 @@ std::string presence_frame(const presence_event& ev) {
 }
 
 std::string offer_frame(const offer& o) {
-  json_writer w;
+  json_writer w(320 + o.env.body.size());
   w.begin_object().key("op").string("offer").key("task").string(o.task.task);
   w.key("job").string(o.task.job).key("attempt").integer(o.attempt);
   w.key("max_attempts").integer(o.task.max_attempts);
@@ -354,7 +354,9 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
     });
     return;
   }
-  for (auto& o : *r) {
+  for (auto& fetched : *r) {
+    auto shared = std::make_shared<const offer>(std::move(fetched));
+    const offer& o = *shared;
     std::shared_ptr<session::impl> target;
     {
       std::lock_guard lock(st->mu);
@@ -381,7 +383,7 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
           auto ns = weak_st.lock();
           if (!self || !ns) return;
           self->post([self, ns, weak_s, task, serial] {
-            std::optional<offer> lapsed;
+            std::shared_ptr<const offer> lapsed;
             {
               std::lock_guard held(ns->mu);
               auto s = weak_s.lock();
@@ -398,8 +400,8 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
         });
         // A redelivery of a task still on offer here (it came back before the offer lapsed
         // on this gateway's clock) replaces the offer and its lapse.
-        detail::open_offer fresh{.o = o, .lapse = lapse, .serial = serial};
-        auto [it, added] = best->offers.try_emplace(o.task.task, fresh);
+        detail::open_offer fresh{.o = shared, .lapse = lapse, .serial = serial};
+        auto [it, added] = best->offers.try_emplace(o.task.task, std::move(fresh));
         if (!added) {
           clk->cancel(it->second.lapse);
           it->second = std::move(fresh);

@@ -30,7 +30,7 @@ namespace detail {
 
 // An offer sent to a session and neither claimed nor declined yet.
 struct open_offer {
-  offer o;
+  std::shared_ptr<const offer> o;  // shared with the claim that takes it
   timer_id lapse = 0;
   std::uint64_t serial = 0;  // this gateway's number for the offer: redeliveries share `seq`
 };

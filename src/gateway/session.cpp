@@ -8,6 +8,7 @@
 
 #include "amp/detail/embedded_schemas.hpp"
 #include "detail/frame_check.hpp"
+#include "detail/minify.hpp"
 #include "detail/run_in_turn.hpp"
 #include "detail/write_batch.hpp"
 
@@ -57,7 +58,7 @@ bool bool_or(dom::element e, std::string_view key, bool fallback) {
 std::string raw_at(dom::element e, std::string_view key) {
   dom::element v;
   if (e.at_key(key).get(v)) return {};
-  return simdjson::minify(v);
+  return detail::minify(v);
 }
 
 header_list headers_at(dom::element e) {
@@ -210,7 +211,10 @@ session::impl::request session::impl::later(const request& rq) {
 
 void session::impl::reply_ok(const request& rq, std::string_view members) {
   if (!rq.has_id) return;
-  std::string out = fmt::format("{{\"op\":\"ok\",\"id\":{}", rq.id_json);
+  constexpr std::string_view head = R"({"op":"ok","id":)";
+  std::string out;
+  out.reserve(head.size() + rq.id_json.size() + members.size() + 2);
+  out.append(head).append(rq.id_json);
   if (!members.empty()) {
     out += ',';
     out += members;
@@ -391,7 +395,7 @@ void session::impl::process(std::string_view text, std::shared_ptr<void> hold) {
   bool authenticated = false;
   {
     std::lock_guard lock(mu);
-    authenticated = ident.has_value();
+    authenticated = ident != nullptr;
   }
   if (!authenticated && op != "hello") {
     return fail(rq, errc::unauthenticated, "say hello with a token first");
@@ -410,11 +414,12 @@ void session::impl::process(std::string_view text, std::shared_ptr<void> hold) {
     }
   }
   if (const double cost = spec->cost; cost > 0) {
-    rate_verdict verdict;
+    std::shared_ptr<const identity> me;
     {
-      std::lock_guard lock(mu);  // the names only: who() would copy the whole identity
-      verdict = gw->pol->take_ops(ident->ns, ident->participant, cost);
+      std::lock_guard lock(mu);
+      me = ident;
     }
+    auto verdict = gw->pol->take_ops(me->ns, me->participant, cost);
     if (!verdict.allowed) {
       return fail(rq, error(errc::rate_limited, verdict.message), verdict.retry_after.count());
     }
@@ -462,9 +467,9 @@ const session::impl::op_spec* session::impl::find_op(std::string_view name) {
   return nullptr;
 }
 
-std::pair<identity, std::shared_ptr<detail::ns_state>> session::impl::who() {
+std::pair<std::shared_ptr<const identity>, std::shared_ptr<detail::ns_state>> session::impl::who() {
   std::lock_guard lock(mu);
-  return {*ident, ns};
+  return {ident, ns};
 }
 
 bool session::impl::take_rate(const request& rq, const identity& me, std::size_t body_bytes) {

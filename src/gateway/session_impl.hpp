@@ -91,7 +91,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   std::atomic<bool> cleaned{false};  // closed() ran
 
   std::mutex mu;
-  std::optional<identity> ident;
+  std::shared_ptr<const identity> ident;  // set once, by hello
   std::shared_ptr<detail::ns_state> ns;
   std::unique_ptr<inbox_reader> reader;
   std::map<std::string, std::shared_ptr<sub_state>, std::less<>> subs;
@@ -195,10 +195,10 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   void process(std::string_view text, std::shared_ptr<void> hold);
 
-  // The identity and namespace of an authenticated session (every op but hello). Callers
-  // name the two through references, not a structured binding: their lambdas capture them,
-  // which clang before 16 refuses for bindings (the fuzz build is clang 14).
-  std::pair<identity, std::shared_ptr<detail::ns_state>> who();
+  // The identity and namespace of an authenticated session (every op but hello), shared, not
+  // copied. Callers name the two through references, not a structured binding: their lambdas
+  // capture them, which clang before 16 refuses for bindings (the fuzz build is clang 14).
+  std::pair<std::shared_ptr<const identity>, std::shared_ptr<detail::ns_state>> who();
 
   // ---- hello ----------------------------------------------------------------------------
 
@@ -314,7 +314,8 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // nothing when there is none. `claiming`: the offer's slot stays taken, as a lease, while the
   // claim is in flight (the claim's answer keeps or drops it), so that no other offer takes that
   // slot meanwhile.
-  std::optional<offer> take_offer(detail::ns_state& st, std::string_view task, bool claiming);
+  std::shared_ptr<const offer> take_offer(detail::ns_state& st, std::string_view task,
+                                          bool claiming);
 
   void on_claim(request& rq);
 

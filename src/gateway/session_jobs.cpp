@@ -11,7 +11,7 @@ using namespace detail::session_util;
 
 void session::impl::on_submit(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   auto job = job_name::make(string_or_empty(rq.frame, "job")).value();
   if (!me.grants.may_submit(job)) {
@@ -88,13 +88,13 @@ void session::impl::answer_submitted(const request& rq, const submit_result& sub
   reply_members(rq, w.take());
 }
 
-std::optional<offer> session::impl::take_offer(detail::ns_state& st, std::string_view task,
-                                               bool claiming) {
+std::shared_ptr<const offer> session::impl::take_offer(detail::ns_state& st, std::string_view task,
+                                                       bool claiming) {
   std::lock_guard lock(st.mu);
   auto wit = st.workers.find(this);
-  if (wit == st.workers.end()) return std::nullopt;
+  if (wit == st.workers.end()) return nullptr;
   auto it = wit->second.offers.find(task);
-  if (it == wit->second.offers.end()) return std::nullopt;
+  if (it == wit->second.offers.end()) return nullptr;
   auto o = std::move(it->second);
   wit->second.offers.erase(it);
   if (claiming) ++wit->second.claiming;
@@ -104,7 +104,7 @@ std::optional<offer> session::impl::take_offer(detail::ns_state& st, std::string
 
 void session::impl::on_claim(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   auto task = string_or_empty(rq.frame, "task");
   auto o = take_offer(*st, task, true);
@@ -112,10 +112,9 @@ void session::impl::on_claim(request& rq) {
     return fail(rq, errc::not_found,
                 fmt::format("no open offer of task {} for you", amp::quoted(task)));
   auto started = std::chrono::steady_clock::now();
-  auto held = std::make_shared<const offer>(std::move(*o));
   st->b->jobs().async_claim(
-      held, me.participant,
-      [self = shared_from_this(), rq = later(rq), st, o = held, started](result<lease> l) {
+      o, me.participant,
+      [self = shared_from_this(), rq = later(rq), st, o, started](result<lease> l) {
         self->gw->metrics.backend(seconds_since(started));
         {
           std::lock_guard lock(st->mu);
@@ -137,7 +136,7 @@ void session::impl::on_claim(request& rq) {
         self->gw->metrics.transition("running");
         json_writer w;
         w.begin_object().key("task").string(o->task.task).key("attempt").integer(l->attempt);
-        w.key("lease_expires_at").string(format_timestamp(l->expires_at)).end_object();
+        w.key("lease_expires_at").string(format_timestamp_chars(l->expires_at).view()).end_object();
         self->reply_members(rq, w.take());
       });
 }
@@ -183,7 +182,7 @@ void session::impl::lease_refused(const std::shared_ptr<detail::ns_state>& st,
 
 void session::impl::on_complete(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   auto t = task_id::make(string_or_empty(rq.frame, "task")).value();
   auto result_json = raw_at(rq.frame, "result");
@@ -231,7 +230,7 @@ void session::impl::on_complete(request& rq) {
 
 void session::impl::on_fail(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   auto t = task_id::make(string_or_empty(rq.frame, "task")).value();
   task_error err;
@@ -259,7 +258,7 @@ void session::impl::on_fail(request& rq) {
 
 void session::impl::on_cancel(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   auto t = task_id::make(string_or_empty(rq.frame, "task")).value();
   auto r = gw->timed(
@@ -273,7 +272,7 @@ void session::impl::on_cancel(request& rq) {
 
 void session::impl::on_task(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   auto t = task_id::make(string_or_empty(rq.frame, "task")).value();
   viewer v{.who = me.participant, .admin = me.grants.admin};

@@ -83,7 +83,7 @@ void session::impl::on_hello(request& rq) {
       return;
     }
     opened = true;
-    ident = me;
+    ident = std::make_shared<const identity>(me);
     ns = *state;
     reader = std::move(*attached);
     counted = true;
@@ -114,7 +114,7 @@ void session::impl::on_hello(request& rq) {
 
 void session::impl::on_bye(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   std::vector<std::string> leases;
   // The entry is the participant's: while another of its sessions here is registered it
@@ -196,7 +196,7 @@ void session::impl::on_closed() {
     gw->all_sessions.erase(this);
   }
   if (!st) return;
-  std::vector<offer> offers;
+  std::vector<std::shared_ptr<const offer>> offers;
   {
     std::lock_guard lock(st->mu);
     st->watchers.erase(this);
@@ -211,7 +211,7 @@ void session::impl::on_closed() {
   }
   auto g = gw;
   for (auto& o : offers) {
-    g->post([g, st, o = std::move(o)] { g->offer_done(st, o, true); });
+    g->post([g, st, o = std::move(o)] { g->offer_done(st, *o, true); });
   }
   if (was_counted) g->log("info", "session_closed", fmt::format("\"session\":{}", json_quote(id)));
 }

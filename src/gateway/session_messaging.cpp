@@ -18,7 +18,7 @@ void session::impl::deliver(const inbox_message& m) {
 
 void session::impl::on_send(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   auto to = participant_name::make(string_or_empty(rq.frame, "to")).value();
   if (!me.grants.may_send(to)) {
@@ -63,7 +63,7 @@ void session::impl::on_ack(request& rq) {
 
 void session::impl::on_publish(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   auto t = topic::make(string_or_empty(rq.frame, "topic")).value();
   if (!me.grants.may_publish(t)) {
@@ -107,7 +107,7 @@ result<replay_from> session::impl::replay_of(dom::element frame) {
 
 void session::impl::on_subscribe(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   auto pattern = topic_pattern::make(string_or_empty(rq.frame, "topic")).value();
   auto from = replay_of(rq.frame);

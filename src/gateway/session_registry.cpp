@@ -26,7 +26,7 @@ void session::impl::remember_entry(detail::ns_state& st, const registry_entry& e
 
 void session::impl::on_register(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   std::vector<job_name> jobs;
   dom::array arr;
@@ -105,7 +105,7 @@ void session::impl::refresh_entry(const identity& me, const std::shared_ptr<deta
 
 void session::impl::on_heartbeat(request& rq) {
   auto here = who();
-  auto& me = here.first;
+  const identity& me = *here.first;
   auto& st = here.second;
   refresh_entry(me, st);
   if (auto task = string_at(rq.frame, "task")) {

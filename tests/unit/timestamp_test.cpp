@@ -30,6 +30,18 @@ TEST_CASE("format_timestamp writes RFC 3339 UTC with milliseconds", "[timestamp]
   REQUIRE(amp::format_timestamp(amp::time_point{} - microseconds(1)) == "1969-12-31T23:59:59.999Z");
 }
 
+TEST_CASE("format_timestamp_chars holds the text format_timestamp writes", "[timestamp]") {
+  for (auto t : {utc(2026, 11, 30, 12, 0, 0, milliseconds(123)), amp::time_point{},
+                 utc(2028, 2, 29, 23, 59, 59, milliseconds(999)),
+                 amp::time_point{} - microseconds(1), utc(1700, 3, 1, 4, 5, 6)}) {
+    const auto chars = amp::format_timestamp_chars(t);
+    CHECK(chars.view() == amp::format_timestamp(t));
+    CHECK(chars.view().size() == 24);
+  }
+  CHECK(amp::format_timestamp_chars(utc(2026, 11, 30, 12, 0, 0, milliseconds(5))).view() ==
+        "2026-11-30T12:00:00.005Z");
+}
+
 TEST_CASE("parse_timestamp reads what format_timestamp writes", "[timestamp]") {
   for (auto t : {utc(2026, 11, 30, 12, 0, 0, milliseconds(123)), utc(2028, 2, 29, 12),
                  utc(2000, 2, 29, 0, 0, 0, milliseconds(1)), utc(1970, 1, 1),
