@@ -40,8 +40,7 @@ TEST_CASE("detail::minify writes what simdjson::minify writes, value after value
   CHECK(amp::detail::minify(object) == R"({"a":[1,2.5,100.0,true,null],"b":{"c":"é\n\""}})");
 }
 
-TEST_CASE("detail::minify writes values past the size a thread keeps its buffer for",
-          "[minify]") {
+TEST_CASE("detail::minify writes values past the size a thread keeps its buffer for", "[minify]") {
   simdjson::dom::parser parser;
   std::string big = "[";
   for (int i = 0; i < 40000; ++i) big += (i ? ",\"0123456789\"" : "\"0123456789\"");
