@@ -317,13 +317,35 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     it->second.timer = lease_timer(task, holder, now() + k_lease_retry);
   }
 
-  // The record of `task` as this job queue last wrote it for `holder`'s lease, if it did.
-  // A write based on it fails with `conflict` when anything changed the task since.
-  std::optional<task_record> written(std::string_view task, const participant_name& holder) {
-    std::lock_guard lock(mu);
+  // The record of `task` as this job queue last wrote it for `who`'s lease, if it did, while
+  // the lease it wrote has not ended (one extended elsewhere may have: then only the store
+  // says) and, when the caller names an attempt, of that attempt (another process may have
+  // written another). A write based on it fails with `conflict` when anything changed the
+  // task since. Under `mu`; the pointer is good while `mu` is held.
+  const task_record* written_locked(std::string_view task, const participant_name& who,
+                                    std::optional<int> attempt) {
     auto it = leases.find(task);
-    if (it == leases.end() || it->second.holder != holder) return std::nullopt;
-    return it->second.record;
+    if (it == leases.end() || it->second.holder != who) return nullptr;
+    const task_record& w = it->second.record;
+    if (w.state != task_state::running || w.lease_expires_at <= now()) return nullptr;
+    if (attempt && w.attempt != *attempt) return nullptr;
+    return &w;
+  }
+
+  // `written_locked`, copied.
+  std::optional<task_record> written_for(std::string_view task, const participant_name& who,
+                                         std::optional<int> attempt) {
+    std::lock_guard lock(mu);
+    const task_record* w = written_locked(task, who, attempt);
+    if (!w) return std::nullopt;
+    return *w;
+  }
+
+  // Whether `written_locked` has a record, without copying it.
+  bool has_written_for(std::string_view task, const participant_name& who,
+                       std::optional<int> attempt) {
+    std::lock_guard lock(mu);
+    return written_locked(task, who, attempt) != nullptr;
   }
 
   // A write of `attempt` of `who`'s lease on `task` got no answer: it may land later.
@@ -696,14 +718,6 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
     return out;
   }
 
-  // The record this job queue wrote last for `who`'s live lease on `task`, if it did and the
-  // lease it wrote has not ended (one extended elsewhere may have: then only the store says).
-  std::optional<task_record> written_live(std::string_view task, const participant_name& who) {
-    auto w = written(task, who);
-    if (!w || w->state != task_state::running || w->lease_expires_at <= now()) return std::nullopt;
-    return w;
-  }
-
   // The record of `task` to base `who`'s next write on: in round 0 the one this job queue
   // wrote last for `who`'s live lease when there is one (a stale one makes the write fail
   // with `conflict`, and round 1 reads), read from the store otherwise. A record of another
@@ -715,25 +729,6 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       if (auto w = written_for(task.view(), who, attempt)) return std::move(*w);
     }
     return store->get(config.ns, task);
-  }
-
-  // Whether `written_for` has a record, without copying it.
-  bool has_written_for(std::string_view task, const participant_name& who,
-                       std::optional<int> attempt) {
-    std::lock_guard lock(mu);
-    auto it = leases.find(task);
-    if (it == leases.end() || it->second.holder != who) return false;
-    const task_record& w = it->second.record;
-    return w.state == task_state::running && w.lease_expires_at > now() &&
-           (!attempt || w.attempt == *attempt);
-  }
-
-  // `written_live`, unless the caller names another attempt than the one written.
-  std::optional<task_record> written_for(std::string_view task, const participant_name& who,
-                                         std::optional<int> attempt) {
-    auto w = written_live(task, who);
-    if (w && attempt && w->attempt != *attempt) return std::nullopt;
-    return w;
   }
 
   // The record of `task` if `who` holds a live lease on it (see `latest`).
