@@ -762,12 +762,12 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   result<publish_ack> publish_locked(outgoing_message msg, deferred& after) {
     stream_state_impl* s = nullptr;
-    std::string stream_name;
+    const std::string* stream_name = nullptr;  // the key of `s` in streams_
     for (auto& [name, candidate] : streams_) {
       for (const auto& filter : candidate.config.subjects) {
         if (subjects::subject_matches(filter, msg.subject)) {
           s = &candidate;
-          stream_name = name;
+          stream_name = &name;
         }
       }
     }
@@ -778,7 +778,11 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     const auto& cfg = s->config;
     auto now = clock_->now();
     expire_messages(*s);
-    if (!msg.msg_id.empty()) {
+    // The id's entry is made by the one lookup that finds a duplicate, and taken back if the
+    // message is refused.
+    const bool keyed = !msg.msg_id.empty();
+    decltype(s->dedup)::iterator id_entry;
+    if (keyed) {
       while (!s->dedup_order.empty() &&
              s->dedup_order.front().first + cfg.duplicate_window <= now) {
         auto& [t, id] = s->dedup_order.front();
@@ -786,14 +790,17 @@ class memory_backend final : public transport, public std::enable_shared_from_th
         if (it != s->dedup.end() && it->second.second == t) s->dedup.erase(it);
         s->dedup_order.pop_front();
       }
-      if (auto it = s->dedup.find(msg.msg_id); it != s->dedup.end()) {
-        return publish_ack{.stream = stream_name, .seq = it->second.first, .duplicate = true};
+      auto [it, fresh] = s->dedup.try_emplace(msg.msg_id, 0, now);
+      if (!fresh) {
+        return publish_ack{.stream = *stream_name, .seq = it->second.first, .duplicate = true};
       }
+      id_entry = it;
     }
     if (cfg.max_msg_size > 0 && msg.data.size() > static_cast<std::size_t>(cfg.max_msg_size)) {
+      if (keyed) s->dedup.erase(id_entry);
       return unexpected(errc::payload_too_large,
                         fmt::format("message of {} bytes exceeds max_msg_size {} of stream \"{}\"",
-                                    msg.data.size(), cfg.max_msg_size, stream_name));
+                                    msg.data.size(), cfg.max_msg_size, *stream_name));
     }
     auto bytes = message_bytes(msg);
     auto& same_subject = s->by_subject[msg.subject];
@@ -805,18 +812,19 @@ class memory_backend final : public transport, public std::enable_shared_from_th
            same_subject.size() >= static_cast<std::size_t>(cfg.max_msgs_per_subject));
       if (full) {
         if (same_subject.empty()) s->by_subject.erase(msg.subject);
-        return unexpected(errc::limit_exceeded, fmt::format("stream \"{}\" is full", stream_name));
+        if (keyed) s->dedup.erase(id_entry);
+        return unexpected(errc::limit_exceeded, fmt::format("stream \"{}\" is full", *stream_name));
       }
     }
     auto seq = ++s->last_seq;
     same_subject.insert(seq);
-    if (!msg.msg_id.empty()) {
-      s->dedup[msg.msg_id] = {seq, now};
-      s->dedup_order.emplace_back(now, msg.msg_id);
+    if (keyed) {
+      id_entry->second.first = seq;
+      s->dedup_order.emplace_back(now, std::move(msg.msg_id));
     }
     auto& stored = s->msgs[seq];
     stored.bytes = bytes;
-    stored.msg.stream = stream_name;
+    stored.msg.stream = *stream_name;
     stored.msg.subject = std::move(msg.subject);
     stored.msg.data = std::move(msg.data);
     stored.msg.headers = std::move(msg.headers);
@@ -831,8 +839,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       }
     }
     trim_to_limits(*s);
-    if (s->msgs.count(seq)) {
-      const auto& stored_msg = s->msgs.at(seq).msg;
+    if (auto kept = s->msgs.find(seq); kept != s->msgs.end()) {
+      const auto& stored_msg = kept->second.msg;
       std::erase_if(s->subs, [](const auto& x) { return x->queue->stopped(); });
       for (auto& sub : s->subs) {
         if (subjects::subject_matches(sub->filter, subject) && seq >= sub->first_seq &&
@@ -848,7 +856,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       std::sort(waiting.begin(), waiting.end(), by_durable{});  // served in name order
       for (auto* c : waiting) serve_waiters(*s, *c, after);
     }
-    return publish_ack{.stream = stream_name, .seq = seq, .duplicate = false};
+    return publish_ack{.stream = *stream_name, .seq = seq, .duplicate = false};
   }
 
   static void push_message(ordered_sub& sub, const message& m) {

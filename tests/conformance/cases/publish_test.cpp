@@ -234,6 +234,24 @@ TEST_CASE("max_msgs with discard new refuses the publish with limit_exceeded",
   CHECK(must(t.get_message(c.name, 1)).data == "1");
 }
 
+TEST_CASE("a publish refused as too large does not record its msg_id", "[publish][limits][dedup]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto c = stream_cfg(*fx, "largeid");
+  c.max_msg_size = 256;  // JetStream counts the headers (here Nats-Msg-Id) in the size
+  auto s = create_stream(t, c);
+  CHECK(code_of(t.publish(
+            {.subject = subject_in(c, "a"), .data = std::string(300, 'x'), .msg_id = "L"})) ==
+        errc::payload_too_large);
+  auto ack = must(t.publish({.subject = subject_in(c, "a"), .data = "small", .msg_id = "L"}));
+  CHECK_FALSE(ack.duplicate);
+  CHECK(ack.seq == 1);
+  auto again = must(t.publish({.subject = subject_in(c, "a"), .data = "small", .msg_id = "L"}));
+  CHECK(again.duplicate);
+  CHECK(again.seq == 1);
+  CHECK(state_of(t, c.name).messages == 1);
+}
+
 TEST_CASE("a refused publish does not record its msg_id", "[publish][limits][dedup]") {
   auto fx = make_fixture();
   auto& t = fx->transport();
