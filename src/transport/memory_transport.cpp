@@ -709,6 +709,18 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return 1;
   }
 
+  // What JetStream counts against max_msg_size besides the data: the header block as sent
+  // ("NATS/1.0", a line per header, Nats-Msg-Id among them, and the blank line).
+  static std::size_t header_block_bytes(const outgoing_message& m) {
+    if (m.headers.empty() && m.msg_id.empty()) return 0;
+    constexpr std::string_view k_status_line = "NATS/1.0\r\n";
+    constexpr std::string_view k_msg_id = "Nats-Msg-Id";
+    std::size_t n = k_status_line.size() + 2;
+    for (const auto& [k, v] : m.headers) n += k.size() + 2 + v.size() + 2;
+    if (!m.msg_id.empty()) n += k_msg_id.size() + 2 + m.msg_id.size() + 2;
+    return n;
+  }
+
   static std::size_t message_bytes(const outgoing_message& m) {
     std::size_t n = m.subject.size() + m.data.size();
     for (const auto& [k, v] : m.headers) n += k.size() + v.size();
@@ -796,11 +808,13 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       }
       id_entry = it;
     }
-    if (cfg.max_msg_size > 0 && msg.data.size() > static_cast<std::size_t>(cfg.max_msg_size)) {
+    if (const auto size = msg.data.size() + header_block_bytes(msg);
+        cfg.max_msg_size > 0 && size > static_cast<std::size_t>(cfg.max_msg_size)) {
       if (keyed) s->dedup.erase(id_entry);
       return unexpected(errc::payload_too_large,
-                        fmt::format("message of {} bytes exceeds max_msg_size {} of stream \"{}\"",
-                                    msg.data.size(), cfg.max_msg_size, *stream_name));
+                        fmt::format("message of {} bytes with its headers exceeds max_msg_size {} "
+                                    "of stream \"{}\"",
+                                    size, cfg.max_msg_size, *stream_name));
     }
     auto bytes = message_bytes(msg);
     auto& same_subject = s->by_subject[msg.subject];

@@ -89,7 +89,10 @@ struct stream_config {
   std::int64_t max_msgs = -1;
   std::int64_t max_bytes = -1;  ///< counts subject, headers and data
   std::int64_t max_msgs_per_subject = -1;
-  std::int32_t max_msg_size = -1;  ///< data bytes; larger publishes are `payload_too_large`
+  /// Largest message: its data and its header block as NATS sends it ("NATS/1.0\r\n", a
+  /// "name: value\r\n" line per header and for `msg_id`'s Nats-Msg-Id, "\r\n"), as
+  /// JetStream counts it; larger publishes are `payload_too_large`. 0 or less: no limit.
+  std::int32_t max_msg_size = -1;
   duration max_age = duration::zero();
   discard_policy discard = discard_policy::old_messages;
   duration duplicate_window = 2min;  ///< `msg_id` dedup window
@@ -118,7 +121,8 @@ struct outgoing_message {
   std::string data{};
   header_list headers{};
   /// Deduplication id (JetStream `Nats-Msg-Id`): a second publish with the same id within
-  /// the stream's duplicate window stores nothing and returns the first sequence.
+  /// the stream's duplicate window stores nothing and returns the first sequence. A publish
+  /// that was refused (too large, stream full) leaves its id free.
   std::string msg_id{};
 };
 

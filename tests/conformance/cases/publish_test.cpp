@@ -234,6 +234,32 @@ TEST_CASE("max_msgs with discard new refuses the publish with limit_exceeded",
   CHECK(must(t.get_message(c.name, 1)).data == "1");
 }
 
+TEST_CASE("max_msg_size counts the header block with the data, Nats-Msg-Id included",
+          "[publish][limits]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto c = stream_cfg(*fx, "sizehdr");
+  c.max_msg_size = 64;
+  auto s = create_stream(t, c);
+  // "NATS/1.0\r\n" + "X-Pad: " + 30 bytes + "\r\n" + "\r\n": 51 bytes, leaving 13 for data.
+  const header_list pad{{"X-Pad", std::string(30, 'p')}};
+  CHECK(publish_ok(t, subject_in(c, "a"), std::string(64, 'x')) == 1);
+  CHECK(
+      must(t.publish({.subject = subject_in(c, "a"), .data = std::string(13, 'x'), .headers = pad}))
+          .seq == 2);
+  CHECK(code_of(t.publish(
+            {.subject = subject_in(c, "a"), .data = std::string(14, 'x'), .headers = pad})) ==
+        errc::payload_too_large);
+  // "NATS/1.0\r\n" + "Nats-Msg-Id: " + 20 bytes + "\r\n" + "\r\n": 47 bytes, leaving 17.
+  const std::string id(20, 'i');
+  CHECK(code_of(t.publish(
+            {.subject = subject_in(c, "a"), .data = std::string(18, 'x'), .msg_id = id})) ==
+        errc::payload_too_large);
+  CHECK(must(t.publish({.subject = subject_in(c, "a"), .data = std::string(17, 'x'), .msg_id = id}))
+            .seq == 3);
+  CHECK(state_of(t, c.name).messages == 3);
+}
+
 TEST_CASE("a publish refused as too large does not record its msg_id", "[publish][limits][dedup]") {
   auto fx = make_fixture();
   auto& t = fx->transport();
