@@ -80,6 +80,13 @@ struct ordered_sub {
   std::function<void(const message&)> on_message;
 };
 
+// A `subscribe_core` subscription.
+struct core_sub {
+  std::string filter;
+  std::shared_ptr<serial_queue> queue;
+  std::function<void(const message&)> on_message;
+};
+
 struct consumer_state {
   consumer_config config;
   std::uint64_t uid = 0;  // distinguishes a consumer from a deleted one of the same name
@@ -452,6 +459,51 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return std::unique_ptr<subscription>(std::make_unique<queue_subscription>(sub->queue));
   }
 
+  // ----- core messages --------------------------------------------------------------
+
+  result<void> do_publish_core(outgoing_message msg) override {
+    deferred after(sink_);
+    std::lock_guard lock(mu_);
+    // As on NATS, a stream that captures the subject stores the message too; the sender
+    // hears nothing of it (nor of a stream that refuses it, or of none capturing it).
+    auto stored = publish_locked(std::move(msg), after);
+    static_cast<void>(stored);
+    return {};
+  }
+
+  // Hands `msg` to the core subscriptions that match its subject, as NATS does with every
+  // message sent, stored or not (`mu_` held).
+  void tell_core_subs(const outgoing_message& msg, deferred& after) {
+    if (core_subs_.empty()) return;
+    std::erase_if(core_subs_, [](const auto& x) { return x->queue->stopped(); });
+    std::shared_ptr<const message> heard;  // one copy for every subscriber
+    for (auto& sub : core_subs_) {
+      if (!subjects::subject_matches(sub->filter, msg.subject)) continue;
+      if (!heard) {
+        auto m = std::make_shared<message>();
+        m->subject = msg.subject;
+        m->data = msg.data;
+        m->headers = msg.headers;
+        if (!msg.msg_id.empty()) m->headers.emplace_back(detail::k_msg_id_header, msg.msg_id);
+        heard = std::move(m);
+      }
+      sub->queue->push([fn = sub->on_message, heard] { fn(*heard); });
+      after.drain(sub->queue);
+    }
+  }
+
+  result<std::unique_ptr<subscription>> do_subscribe_core(
+      std::string_view subject_filter, std::function<void(const message&)> on_message) override {
+    auto sub = std::make_shared<core_sub>();
+    sub->filter = std::string(subject_filter);
+    sub->queue = std::make_shared<serial_queue>(sink_);
+    sub->on_message = std::move(on_message);
+    std::lock_guard lock(mu_);
+    std::erase_if(core_subs_, [](const auto& x) { return x->queue->stopped(); });
+    core_subs_.push_back(sub);
+    return std::unique_ptr<subscription>(std::make_unique<queue_subscription>(sub->queue));
+  }
+
   // ----- KV -----------------------------------------------------------------------
 
   result<void> do_ensure_bucket(const kv_config& config) override {
@@ -714,10 +766,9 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   static std::size_t header_block_bytes(const outgoing_message& m) {
     if (m.headers.empty() && m.msg_id.empty()) return 0;
     constexpr std::string_view k_status_line = "NATS/1.0\r\n";
-    constexpr std::string_view k_msg_id = "Nats-Msg-Id";
     std::size_t n = k_status_line.size() + 2;
     for (const auto& [k, v] : m.headers) n += k.size() + 2 + v.size() + 2;
-    if (!m.msg_id.empty()) n += k_msg_id.size() + 2 + m.msg_id.size() + 2;
+    if (!m.msg_id.empty()) n += detail::k_msg_id_header.size() + 2 + m.msg_id.size() + 2;
     return n;
   }
 
@@ -773,6 +824,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   }
 
   result<publish_ack> publish_locked(outgoing_message msg, deferred& after) {
+    tell_core_subs(msg, after);
     stream_state_impl* s = nullptr;
     const std::string* stream_name = nullptr;  // the key of `s` in streams_
     for (auto& [name, candidate] : streams_) {
@@ -808,13 +860,16 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       }
       id_entry = it;
     }
+    auto refuse = [&](errc code, std::string why) {
+      if (keyed) s->dedup.erase(id_entry);
+      return unexpected(code, std::move(why));
+    };
     if (const auto size = msg.data.size() + header_block_bytes(msg);
         cfg.max_msg_size > 0 && size > static_cast<std::size_t>(cfg.max_msg_size)) {
-      if (keyed) s->dedup.erase(id_entry);
-      return unexpected(errc::payload_too_large,
-                        fmt::format("message of {} bytes with its headers exceeds max_msg_size {} "
-                                    "of stream \"{}\"",
-                                    size, cfg.max_msg_size, *stream_name));
+      return refuse(errc::payload_too_large,
+                    fmt::format("message of {} bytes with its headers exceeds max_msg_size {} of "
+                                "stream \"{}\"",
+                                size, cfg.max_msg_size, *stream_name));
     }
     auto bytes = message_bytes(msg);
     auto& same_subject = s->by_subject[msg.subject];
@@ -826,8 +881,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
            same_subject.size() >= static_cast<std::size_t>(cfg.max_msgs_per_subject));
       if (full) {
         if (same_subject.empty()) s->by_subject.erase(msg.subject);
-        if (keyed) s->dedup.erase(id_entry);
-        return unexpected(errc::limit_exceeded, fmt::format("stream \"{}\" is full", *stream_name));
+        return refuse(errc::limit_exceeded, fmt::format("stream \"{}\" is full", *stream_name));
       }
     }
     auto seq = ++s->last_seq;
@@ -1312,6 +1366,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   std::mutex mu_;
   std::map<std::string, stream_state_impl, std::less<>> streams_;
   std::map<std::string, bucket_state, std::less<>> buckets_;
+  std::vector<std::shared_ptr<core_sub>> core_subs_;
   std::set<timer_id> ttl_timers_;
   std::uint64_t last_uid_ = 0;
 };

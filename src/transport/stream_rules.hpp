@@ -7,11 +7,15 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 
 #include "amp/subjects.hpp"
 #include "amp/transport/transport.hpp"
 
 namespace amp::detail {
+
+// The header that carries a message's `msg_id` (JetStream's deduplication id).
+inline constexpr std::string_view k_msg_id_header = "Nats-Msg-Id";
 
 // The filter a consumer without one has.
 inline std::string filter_or_all(const std::string& f) {

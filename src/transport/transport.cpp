@@ -149,6 +149,18 @@ result<std::unique_ptr<subscription>> transport::subscribe_ordered(
   return do_subscribe_ordered(request, std::move(on_message));
 }
 
+result<void> transport::publish_core(outgoing_message msg) {
+  if (auto r = subjects::check_subject(msg.subject); !r) return r;
+  return do_publish_core(std::move(msg));
+}
+
+result<std::unique_ptr<subscription>> transport::subscribe_core(
+    std::string_view subject_filter, std::function<void(const message&)> on_message) {
+  if (auto r = subjects::check_filter(subject_filter); !r) return r.error();
+  if (!on_message) return unexpected(errc::bad_request, "subscribe_core needs a callback");
+  return do_subscribe_core(subject_filter, std::move(on_message));
+}
+
 result<void> transport::ensure_bucket(const kv_config& config) {
   if (auto r = detail::validate(config); !r) return r;
   return do_ensure_bucket(config);

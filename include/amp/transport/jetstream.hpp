@@ -7,13 +7,14 @@
 /// Threads. Data operations are asynchronous requests multiplexed over one connection:
 /// every answer and every pulled message, for however many consumers are being fetched
 /// from, arrives on the connection's one reply subscription, and their handlers run on its
-/// single cnats delivery thread. Each replay and watch has a cnats delivery thread of its
-/// own for its callbacks. The thread count thus grows with the replays and watches open,
-/// never with the fetches or the consumers. No handler runs on the caller's thread, except
-/// that a request refused before it is sent (a bad name, a connection that is down)
-/// completes at once on the calling thread. Timeouts are enforced on the transport clock's
-/// timer thread, where a fetch that ends by its `max_wait` may complete too. A slow handler
-/// delays every other answer of the transport. A handler must not call a blocking wrapper
+/// single cnats delivery thread. Each replay, watch and core subscription has a cnats
+/// delivery thread of its own for its callbacks. The thread count thus grows with the
+/// replays, watches and core subscriptions open, never with the fetches or the consumers. No
+/// handler runs on the caller's thread, except that a request refused before it is sent (a bad
+/// name, a connection that is down) completes at once on the calling thread. Timeouts are enforced
+/// on the transport clock's timer thread, where a fetch that ends by its `max_wait` may complete
+/// too. A slow handler delays every other answer of the transport. A handler must not call a
+/// blocking wrapper
 /// (`publish`, `fetch`, `kv_get` ...) of the same transport: its answer would be delivered
 /// on the very thread that waits for it. Administrative operations block the calling
 /// thread for at most `op_timeout`.

@@ -5,9 +5,10 @@
 /// interface with two implementations (`memory_transport`, `jetstream_transport`).
 /// Its vocabulary is JetStream's: streams with retention and limits, publish with a
 /// message id for deduplication, durable pull consumers with AckWait and the four kinds
-/// of acknowledgement, ordered replay, and KV buckets with revisions, history, watch and
-/// per-key TTL. One conformance suite (tests/conformance) holds every implementation to
-/// the same behaviour.
+/// of acknowledgement, ordered replay, KV buckets with revisions, history, watch and
+/// per-key TTL, and core messages (sent to whoever subscribes at the moment, not stored),
+/// which gateways use to tell each other things. One conformance suite (tests/conformance) holds
+/// every implementation to the same behaviour.
 ///
 /// Threads. Every member function is thread-safe. Operations come in two kinds:
 /// - data operations (`async_publish`, `async_fetch`, `async_acknowledge`, `async_kv_*`;
@@ -22,6 +23,7 @@
 ///   the same name without `async_`, which must not be called from a handler.
 /// - administrative operations (`ensure_*`, `*_info`, `delete_*`, `kv_keys`, `kv_history`,
 ///   subscriptions and watches) block and return a `result`.
+/// - `publish_core` sends without waiting and returns a `result`.
 ///
 /// Errors. Names are checked before anything reaches the backend: a bad stream, consumer,
 /// bucket or subject name is `invalid_name` and changes nothing. Missing objects are
@@ -385,6 +387,26 @@ class transport {
   result<std::unique_ptr<subscription>> subscribe_ordered(
       const replay_request& request, std::function<void(const message&)> on_message);
 
+  // ----- core messages (not stored) ------------------------------------------------
+
+  /// Sends `msg` now to every `subscribe_core` subscription whose filter matches its
+  /// subject, in this process or another on the same backend, and to nobody else (NATS
+  /// core publish): at most once, unacknowledged, nothing kept for a subscriber that is
+  /// not there. A stream that captures the subject stores it too, as NATS does (`msg_id`
+  /// deduplicates there as in `async_publish`), and the caller learns nothing of that.
+  /// Never blocks. Errors: `invalid_name` for a bad subject; `unavailable` when it cannot
+  /// be sent now (the backend is away): nothing was sent.
+  result<void> publish_core(outgoing_message msg);
+  /// Receives the messages sent on subjects matching `subject_filter` (`*`, `>`) from the
+  /// moment it returns: what `publish_core` and `async_publish` send (on JetStream any NATS
+  /// message on the subject, KV writes too), stored or not. `on_message` runs one message
+  /// at a time, each publisher's in the order it sent them; of the message only `subject`,
+  /// `data` and `headers` are set (with `msg_id`, when given, as the header `Nats-Msg-Id`).
+  /// What is sent while the subscriber's connection is away is lost. Errors:
+  /// `invalid_name` for a bad filter, `bad_request` without a callback, `unavailable`.
+  result<std::unique_ptr<subscription>> subscribe_core(
+      std::string_view subject_filter, std::function<void(const message&)> on_message);
+
   // ----- KV buckets -----------------------------------------------------------------
 
   /// Creates the bucket when missing; unchanged when equal; `conflict` when it differs.
@@ -470,6 +492,9 @@ class transport {
   virtual void do_acknowledge(const message& msg, ack_kind kind, duration nak_delay);
   virtual result<std::unique_ptr<subscription>> do_subscribe_ordered(
       const replay_request& request, std::function<void(const message&)> on_message) = 0;
+  virtual result<void> do_publish_core(outgoing_message msg) = 0;
+  virtual result<std::unique_ptr<subscription>> do_subscribe_core(
+      std::string_view subject_filter, std::function<void(const message&)> on_message) = 0;
   virtual result<void> do_ensure_bucket(const kv_config& config) = 0;
   virtual result<void> do_delete_bucket(std::string_view bucket) = 0;
   virtual void do_async_kv_get(std::string_view bucket, std::string_view key,

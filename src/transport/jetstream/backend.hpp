@@ -85,6 +85,13 @@ class jetstream_backend final : public transport,
   result<std::unique_ptr<subscription>> do_subscribe_ordered(
       const replay_request& request, std::function<void(const message&)> on_message) override;
 
+  // ----- core messages ------------------------------------------------------------------
+
+  result<void> do_publish_core(outgoing_message msg) override;
+  // A plain NATS subscription whose cnats delivery thread hands each message to a queue.
+  result<std::unique_ptr<subscription>> do_subscribe_core(
+      std::string_view subject_filter, std::function<void(const message&)> on_message) override;
+
   // ----- KV ---------------------------------------------------------------------------
 
   result<void> do_ensure_bucket(const kv_config& config) override;

@@ -150,7 +150,7 @@ result<message> jetstream_backend::do_get_last_message(std::string_view stream,
 
 void jetstream_backend::do_async_publish(outgoing_message msg, completion<publish_ack> done) {
   done = detail::guarded(std::move(done), sink_, "publish");
-  if (!msg.msg_id.empty()) msg.headers.emplace_back("Nats-Msg-Id", msg.msg_id);
+  if (!msg.msg_id.empty()) msg.headers.emplace_back(detail::k_msg_id_header, msg.msg_id);
   std::string subject = msg.subject;
   publish_to(std::move(subject), std::move(msg.data), std::move(msg.headers),
              [done = std::move(done)](result<publish_ack> r) { done(std::move(r)); });
@@ -313,6 +313,42 @@ result<std::unique_ptr<subscription>> jetstream_backend::do_subscribe_ordered(
   // the sequence for a time coarsely): start early and drop what is older.
   so.Config.OptStartTime = to_ns((request.start_time - 2s).time_since_epoch());
   return subscribe_push(filter, so, st, queue, "replay of stream " + request.stream);
+}
+
+result<void> jetstream_backend::do_publish_core(outgoing_message msg) {
+  if (!msg.msg_id.empty()) msg.headers.emplace_back(detail::k_msg_id_header, msg.msg_id);
+  auto s = conn_->publish_raw(msg.subject, nullptr, msg.data, &msg.headers);
+  if (s != NATS_OK)
+    return unexpected(status_error(s, 0, fmt::format("publish to {}", msg.subject)));
+  return {};
+}
+
+result<std::unique_ptr<subscription>> jetstream_backend::do_subscribe_core(
+    std::string_view subject_filter, std::function<void(const message&)> on_message) {
+  auto queue = std::make_shared<serial_queue>(*sink_);
+  auto* st = new push_state{*sink_, queue, {}};
+  st->handle = [queue, on_message = std::move(on_message)](natsMsg* m) {
+    message out;
+    out.subject = natsMsg_GetSubject(m);
+    out.data = data_of(m);
+    out.headers = headers_of(m);
+    queue->push([on_message, out = std::move(out)] { on_message(out); });
+  };
+  auto sub = std::make_unique<js_subscription>(queue);
+  natsSubscription* ns = nullptr;
+  const std::string filter(subject_filter);
+  auto s = natsConnection_Subscribe(&ns, conn_->nc(), filter.c_str(), &on_push, st);
+  if (s != NATS_OK) {
+    delete st;
+    return unexpected(status_error(s, 0, fmt::format("subscribe to {}", filter)));
+  }
+  natsSubscription_SetOnCompleteCB(ns, &free_push_state, st);
+  natsSubscription_SetPendingLimits(ns, -1, -1);
+  sub->attach(ns);
+  // The server reads a connection in order: once a request sent after the subscription is
+  // answered, the subscription is in place, and what anyone publishes from then on reaches it.
+  if (auto r = conn_->api("$JS.API.INFO", ""); !r) return r.error();
+  return std::unique_ptr<subscription>(std::move(sub));
 }
 
 result<stream_info> jetstream_backend::compare(stream_info have, const stream_config& want) {

@@ -169,6 +169,14 @@ class faulty_transport final : public transport {
       const replay_request& r, std::function<void(const message&)> on_message) override {
     return inner_->subscribe_ordered(r, std::move(on_message));
   }
+  result<void> do_publish_core(outgoing_message msg) override {
+    if (auto e = check("publish_core", msg.subject)) return std::move(*e);
+    return inner_->publish_core(std::move(msg));
+  }
+  result<std::unique_ptr<subscription>> do_subscribe_core(
+      std::string_view filter, std::function<void(const message&)> on_message) override {
+    return inner_->subscribe_core(filter, std::move(on_message));
+  }
   result<void> do_ensure_bucket(const kv_config& c) override { return inner_->ensure_bucket(c); }
   result<void> do_delete_bucket(std::string_view b) override { return inner_->delete_bucket(b); }
   void do_async_kv_get(std::string_view b, std::string_view k, completion<kv_entry> done) override {
