@@ -152,6 +152,10 @@ std::string sweeper_consumer() {
   return "sweeper";
 }
 
+std::string task_control_subject(const namespace_name& ns) {
+  return ns_subject(ns, "ctl", "tasks");
+}
+
 std::string topics_stream(const namespace_name& ns) {
   return prefixed("AMP_TOPICS_", ns.view());
 }

@@ -69,6 +69,15 @@ std::string ended_subject(const namespace_name& ns);
 std::string sweeper_consumer();
 ///@}
 
+/// \name Control messages between gateways
+/// Core subjects (no stream captures them): what the brokers of one namespace on several
+/// gateways tell each other.
+///@{
+/// `amp.<ns>.ctl.tasks`: a running task was cancelled (its holder may be connected to
+/// another gateway).
+std::string task_control_subject(const namespace_name& ns);
+///@}
+
 /// \name Topics
 /// Stream `AMP_TOPICS_<ns>` with subjects `amp.<ns>.topic.>`; one consumer per
 /// subscriber, filtered on its pattern.

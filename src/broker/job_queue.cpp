@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <simdjson.h>
 
 #include "amp/json.hpp"
 #include "amp/subjects.hpp"
@@ -47,6 +48,42 @@ std::optional<error> fenced(const task_id& task, const task_record& r, std::opti
 
 error closed_error() {
   return error(errc::unavailable, "job queue closed");
+}
+
+// What a job queue tells the others of its namespace when it cancels a running task, on
+// `subjects::task_control_subject` (a core message: not stored, gone if nobody listens).
+std::string cancelled_control(const task_id& task, const participant_name& holder, int attempt) {
+  json_writer w(64 + task.view().size() + holder.view().size());
+  w.begin_object();
+  w.key("event").string("cancelled").key("task").string(task.view());
+  w.key("holder").string(holder.view()).key("attempt").integer(attempt);
+  w.end_object();
+  return w.take();
+}
+
+struct task_control {
+  task_id task;
+  participant_name holder;
+  int attempt = 0;
+};
+
+// `cancelled_control`'s text read back; nothing for anything else (another version's
+// event, or a message that did not come from a job queue).
+std::optional<task_control> read_control(std::string_view text) {
+  thread_local simdjson::dom::parser parser;
+  simdjson::dom::object o;
+  if (parser.parse(text.data(), text.size()).get(o) != simdjson::SUCCESS) return std::nullopt;
+  std::string_view event, task, holder;
+  std::int64_t attempt = 0;
+  if (o["event"].get(event) != simdjson::SUCCESS || event != "cancelled" ||
+      o["task"].get(task) != simdjson::SUCCESS || o["holder"].get(holder) != simdjson::SUCCESS ||
+      o["attempt"].get(attempt) != simdjson::SUCCESS || attempt < 1 || attempt > 1000000) {
+    return std::nullopt;
+  }
+  auto t = task_id::make(task);
+  auto h = participant_name::make(holder);
+  if (!t || !h) return std::nullopt;
+  return task_control{*t, *h, static_cast<int>(attempt)};
 }
 
 std::string notice_body(const task_record& r) {
@@ -90,6 +127,7 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
   executor run;
   std::shared_ptr<detail::worker_pool> pool;
   std::string stream;
+  std::unique_ptr<subscription> control;  // what the other job queues of the namespace say
 
   struct held {
     participant_name holder;
@@ -441,6 +479,31 @@ struct job_queue::state : std::enable_shared_from_this<job_queue::state> {
       return;
     }
     lease_timer_again(task_str, holder);
+  }
+
+  // Another job queue of the namespace cancelled a running task. If its holder's lease is
+  // held here, the record is read (it is the truth: a core message proves nothing) and, when
+  // it says cancelled, the holder is told here.
+  void on_control(const message& m) {
+    auto c = read_control(m.data);
+    if (!c) return;
+    {
+      std::lock_guard lock(mu);
+      auto it = leases.find(c->task.view());
+      if (closed || it == leases.end() || it->second.holder != c->holder ||
+          it->second.record.attempt != c->attempt) {
+        return;
+      }
+    }
+    std::weak_ptr<state> weak = weak_from_this();
+    post([weak, c = std::move(*c)] {
+      auto self = weak.lock();
+      if (!self) return;
+      auto rec = self->store->get(self->config.ns, c.task);
+      if (!rec || rec->state != task_state::cancelled || rec->attempt != c.attempt) return;
+      if (self->untrack(c.task.view(), c.holder))
+        self->emit(self->events.cancelled, c.holder, c.task);
+    });
   }
 
   void emit_lease_lost(const participant_name& holder, const task_id& task) {
@@ -878,11 +941,14 @@ job_queue::~job_queue() {
 
 void job_queue::close() {
   std::map<std::string, state::held, std::less<>> left;
+  std::unique_ptr<subscription> control;
   {
     std::lock_guard lock(s_->mu);
     s_->closed = true;
     left.swap(s_->leases);
+    control.swap(s_->control);
   }
+  if (control) control->stop();
   for (auto& [task, h] : left) s_->t->clock()->cancel(h.timer);
   s_->drop_fresh();
 }
@@ -909,6 +975,13 @@ result<std::shared_ptr<job_queue>> job_queue::open(std::shared_ptr<transport> t,
   s->events = std::move(events);
   s->run = detail::executor_for(config, s->pool);
   s->stream = sc.name;
+  std::weak_ptr<state> weak = s;
+  auto control =
+      s->t->subscribe_core(subjects::task_control_subject(config.ns), [weak](const message& m) {
+        if (auto st = weak.lock()) st->on_control(m);
+      });
+  if (!control) return control.error();
+  s->control = std::move(*control);
   return std::make_shared<job_queue>(std::move(s));
 }
 
@@ -1289,6 +1362,7 @@ result<task_record> job_queue::cancel(const task_id& task, const viewer& by) {
     }
     bool was_running = rec->state == task_state::running;
     auto holder = participant_name::make(rec->owner);
+    const int attempt = rec->attempt;
     rec->state = task_state::cancelled;
     rec->error = task_error{"cancelled", fmt::format("cancelled by {}", by.who.view())};
     rec->lease_expires_at = {};
@@ -1298,8 +1372,16 @@ result<task_record> job_queue::cancel(const task_id& task, const viewer& by) {
       if (stored.error().code() == errc::conflict) continue;
       return stored;
     }
-    if (was_running && holder && s_->untrack(task.view(), *holder)) {
-      s_->emit(s_->events.cancelled, *holder, task);
+    if (was_running && holder) {
+      if (s_->untrack(task.view(), *holder)) {
+        s_->emit(s_->events.cancelled, *holder, task);
+      } else {
+        // Held through another job queue (another gateway): tell it. Lost, the holder
+        // learns at its lease's end (`lease_lost`), or from its next heartbeat or complete.
+        static_cast<void>(
+            s_->t->publish_core({.subject = subjects::task_control_subject(s_->config.ns),
+                                 .data = cancelled_control(task, *holder, attempt)}));
+      }
     }
     // A queued task's message is dropped when it is next delivered.
     s_->finish(*stored, ack_kind::term);

@@ -1,7 +1,7 @@
 'use strict';
-// Two amp-servers on one NATS (spec §5, §7, §8 "Budgets hold across several gateways"):
-// messages cross from one to the other, workers on both share the tasks, budgets are
-// shared, presence is seen on both. JetStream only: the memory transport lives in one
+// Two amp-servers on one NATS (spec §5, §7, §8 "Budgets hold across several gateways", §13):
+// messages cross from one to the other, workers on both share the tasks, a cancel reaches
+// the holder on the other server, budgets are shared, presence is seen on both. JetStream only: the memory transport lives in one
 // process.
 
 const { describe, it, before, after } = require('node:test');
@@ -100,6 +100,24 @@ describe('two amp-servers on one NATS (jetstream)', options, () => {
     for (const [task, by] of completedBy) assert.equal(notices.get(task), by);
     assert.ok(perWorker.wa > 0 && perWorker.wb > 0, `both servers' workers got tasks: ${JSON.stringify(perWorker)}`);
     assert.equal(perWorker.wa + perWorker.wb, N);
+  });
+
+  it('a task cancelled through server A: its worker on server B is told at once (§7, §13)', async () => {
+    const ns = uniqueNs();
+    const alice = await env.connect(a, ns, 'alice');
+    const w = await env.connect(b, ns, 'worker');
+    await w.ok('register', { jobs: ['resize'] });
+    const task = (await alice.ok('submit', { job: 'resize', body: 1 })).task;
+    await w.next('offer', 10000);
+    const claimed = await w.ok('claim', { task });
+    await alice.ok('cancel', { task });
+    // Well before the lease's 30 s would run out.
+    const pushed = await w.next('cancelled', 5000);
+    assert.deepEqual(pushed, { op: 'cancelled', task });
+    await w.fails('complete', { task, result: 1, attempt: claimed.attempt }, 'lease_lost');
+    // No longer a lease of the worker's session.
+    assert.deepEqual((await w.ok('heartbeat')).leases, []);
+    assert.deepEqual(w.queued('lease_lost'), []);
   });
 
   it('a budget holds across the two servers', async () => {

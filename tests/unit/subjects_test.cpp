@@ -93,6 +93,13 @@ TEST_CASE("the NATS mapping spells streams, subjects, consumers and keys as docu
   REQUIRE(subjects::ended_subject(ns) == "amp.demo.task.ended");
   REQUIRE(subjects::sweeper_consumer() == "sweeper");
 
+  // Core messages between gateways: no stream of the namespace may capture them.
+  REQUIRE(subjects::task_control_subject(ns) == "amp.demo.ctl.tasks");
+  for (const auto& captured : {subjects::inbox_subjects(ns), subjects::job_subjects(ns),
+                               subjects::ended_subject(ns), subjects::topic_subjects(ns)}) {
+    CHECK_FALSE(subjects::filters_overlap(captured, subjects::task_control_subject(ns)));
+  }
+
   REQUIRE(subjects::topics_stream(ns) == "AMP_TOPICS_demo");
   REQUIRE(subjects::topic_subjects(ns) == "amp.demo.topic.>");
   REQUIRE(subjects::topic_subject(ns, news) == "amp.demo.topic.news.eu");

@@ -129,7 +129,9 @@ struct task_notice {
 struct job_events {
   /// `holder`'s lease on `task` ran out (only for leases granted or extended here).
   std::function<void(const participant_name& holder, const task_id& task)> lease_lost{};
-  /// `task`, held by `holder` through this job queue, was cancelled.
+  /// `task`, held by `holder` through this job queue, was cancelled: through this job
+  /// queue, or through another of the namespace (another gateway), which says so in a core
+  /// message on `subjects::task_control_subject` that this one checks against the record.
   std::function<void(const participant_name& holder, const task_id& task)> cancelled{};
   /// Delivers a `task_notice` (the broker wires this to the inbox). An error leaves the
   /// job message unacknowledged, so the notice is sent again when it is delivered again.
@@ -150,7 +152,8 @@ struct viewer {
 
 class job_queue {
  public:
-  /// Ensures the tasks stream and uses `store` (opened here when null).
+  /// Ensures the tasks stream, uses `store` (opened here when null) and subscribes to what
+  /// the other job queues of the namespace say (`subjects::task_control_subject`).
   /// Errors: `unavailable`; `conflict` when the stream exists with another configuration.
   static result<std::shared_ptr<job_queue>> open(std::shared_ptr<transport> t,
                                                  const broker_config& config,

@@ -11,6 +11,8 @@
 #include <set>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "amp/broker/job_queue.hpp"
 #include "amp/subjects.hpp"
 #include "broker/cases/broker_helpers.hpp"
@@ -199,12 +201,18 @@ TEST_CASE("the asynchronous forms: submit, claim and complete, and a change made
   REQUIRE(eventually([&] { return env.stored_messages() == 0; }));  // acked after the notice
   CHECK(env.notices().size() == 1);
 
-  // A second job queue (another gateway) cancels a task the first one leased: the record
-  // the first wrote last is stale, and its complete finds out.
+  // A second job queue (another gateway) cancels a task the first one leased, and its word
+  // of it is lost: the record the first wrote last is stale, and its complete finds out.
   auto other = env.open_queue();
   auto id = env.submit("8");
   auto l2 = must(env.q->claim(env.one_offer(), env.w1));
+  env.t->set_fault([](std::string_view op, std::string_view) -> std::optional<error> {
+    if (op == "publish_core") return error(errc::unavailable, "NATS away");
+    return std::nullopt;
+  });
   must(other->cancel(id, viewer{.who = env.alice}));
+  env.t->set_fault({});
+  REQUIRE(env.q->holds(id, env.w1));
   CHECK(code_of(await<completion_result>([&](auto d) {
           env.q->async_complete(l2.task, env.w1, "1", {}, std::move(d));
         })) == errc::lease_lost);
@@ -709,6 +717,65 @@ TEST_CASE("cancel: queued and running tasks end, terminal is conflict, others no
         std::set<std::string>{queued.str() + ".cancelled", running.str() + ".cancelled"});
 }
 
+TEST_CASE("a running task cancelled through another job queue: its holder's job queue is told",
+          "[jobs][several]") {
+  jobs_env env;
+  callback_log<std::string> elsewhere;  // events of the other job queue (another gateway)
+  job_events ev;
+  ev.cancelled = [&](const participant_name& p, const task_id& id) {
+    elsewhere.callback()(p.str() + " " + id.str());
+  };
+  ev.lease_lost = ev.cancelled;
+  auto other = must(job_queue::open(env.t, env.cfg, {}, ev));
+  auto id = env.submit();
+  must(env.q->claim(env.one_offer(), env.w1));
+  REQUIRE(env.q->holds(id, env.w1));
+
+  CHECK(must(other->cancel(id, viewer{.who = env.alice})).state == task_state::cancelled);
+  REQUIRE(eventually([&] { return !env.cancelled().empty(); }));
+  CHECK(env.cancelled() == std::vector<std::pair<std::string, std::string>>{{"w1", id.str()}});
+  CHECK_FALSE(env.q->holds(id, env.w1));  // no longer counted as w1's load
+  CHECK(env.q->leases_of(env.w1).empty());
+  CHECK(code_of(env.q->complete(id, env.w1, "1")) == errc::lease_lost);
+  CHECK(elsewhere.size() == 0);
+  CHECK(env.lost().empty());
+}
+
+TEST_CASE("a cancel said on the control subject changes nothing unless the record says it",
+          "[jobs][several]") {
+  jobs_env env;
+  auto id = env.submit();
+  auto o = env.one_offer();
+  auto l = must(env.q->claim(o, env.w1));
+  auto control = [&](std::string data) {
+    must(env.t->publish_core(
+        {.subject = subjects::task_control_subject(env.cfg.ns), .data = std::move(data)}));
+  };
+  // Not cancelled in the store (anyone on NATS may send this), another attempt, another
+  // holder, not JSON: the lease stays.
+  auto said = [&](std::string_view holder, int attempt) {
+    return fmt::format(R"({{"event":"cancelled","task":"{}","holder":"{}","attempt":{}}})",
+                       id.view(), holder, attempt);
+  };
+  control(said("w1", l.attempt));
+  control(said("w2", l.attempt));
+  control(said("w1", l.attempt + 1));
+  control("not json");
+  control(R"({"event":"cancelled","task":"../x","holder":"w1","attempt":1})");
+  // Then a real cancel of another task held through this job queue by w2, said the same way
+  // (published by hand: the cancel below goes through this job queue, which tells w2 itself).
+  auto id2 = env.submit();
+  auto o2 = env.one_offer();
+  must(env.q->claim(o2, env.w2));
+  auto other = env.open_queue();
+  must(other->cancel(id2, viewer{.who = env.alice}));
+  REQUIRE(eventually([&] { return env.cancelled().size() == 1; }));
+  CHECK(env.cancelled() == std::vector<std::pair<std::string, std::string>>{{"w2", id2.str()}});
+  CHECK(env.q->holds(id, env.w1));
+  CHECK(env.record(id).state == task_state::running);
+  CHECK(must(env.q->complete(id, env.w1, "1")).task.state == task_state::completed);
+}
+
 result<submit_result> submit_sealed(job_queue& q, sealed_envelope env,
                                     job_submit_options options = {}) {
   std::promise<result<submit_result>> answer;
@@ -1132,8 +1199,12 @@ TEST_CASE("a lease_lost answer forgets the lease when the task moved on, not for
   CHECK(env.q->leases_of(env.w1) == std::vector<task_id>{fenced});
   must(env.q->complete(fenced, env.w1, "1"));
   CHECK(env.q->leases_of(env.w1).empty());
-  // Cancelled elsewhere: complete, fail and heartbeat each answer lease_lost and the lease
-  // is no longer w1's load here.
+  // Cancelled elsewhere, and the other gateway's word of it lost: complete, fail and
+  // heartbeat each answer lease_lost and the lease is no longer w1's load here.
+  env.t->set_fault([](std::string_view op, std::string_view) -> std::optional<error> {
+    if (op == "publish_core") return error(errc::unavailable, "NATS away");
+    return std::nullopt;
+  });
   auto cancel_under_w1 = [&](const std::string& body) {
     auto id = env.submit(body);
     must(env.q->claim(env.one_offer(), env.w1));
