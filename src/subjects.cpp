@@ -155,6 +155,12 @@ std::string sweeper_consumer() {
 std::string task_control_subject(const namespace_name& ns) {
   return ns_subject(ns, "ctl", "tasks");
 }
+std::string inbox_control_subjects(const namespace_name& ns) {
+  return ns_subject(ns, "ctl", "inbox.*");
+}
+std::string inbox_control_subject(const namespace_name& ns, const participant_name& participant) {
+  return ns_subject(ns, "ctl", "inbox." + participant.str());
+}
 
 std::string topics_stream(const namespace_name& ns) {
   return prefixed("AMP_TOPICS_", ns.view());

@@ -76,6 +76,11 @@ std::string sweeper_consumer();
 /// `amp.<ns>.ctl.tasks`: a running task was cancelled (its holder may be connected to
 /// another gateway).
 std::string task_control_subject(const namespace_name& ns);
+/// `amp.<ns>.ctl.inbox.*`: what the inboxes of a namespace on several gateways tell each
+/// other of a participant's deliveries (one subject per participant).
+std::string inbox_control_subjects(const namespace_name& ns);
+/// `amp.<ns>.ctl.inbox.<participant>`.
+std::string inbox_control_subject(const namespace_name& ns, const participant_name& participant);
 ///@}
 
 /// \name Topics

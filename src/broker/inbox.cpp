@@ -1,9 +1,13 @@
 #include "amp/broker/inbox.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <charconv>
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <thread>
 #include <unordered_map>
 
@@ -26,6 +30,32 @@ constexpr duration k_max_backoff = std::chrono::seconds(5);
 
 void ignore(result<void>) {}
 
+// The headers of what the inboxes of one namespace on several gateways tell each other
+// (core messages on `subjects::inbox_control_subject`): who says it, and what.
+constexpr std::string_view k_peer_header = "Amp-Peer";
+constexpr std::string_view k_event_header = "Amp-Event";
+constexpr std::string_view k_seq_header = "Amp-Seq";
+constexpr std::string_view k_delivery_header = "Amp-Delivery";
+constexpr std::string_view k_ack_header = "Amp-Ack";
+constexpr std::string_view k_delivered_event = "delivered";
+constexpr std::string_view k_settled_event = "settled";
+
+std::optional<std::uint64_t> number_header(const header_list& h, std::string_view name) {
+  auto v = find_header(h, name);
+  std::uint64_t n = 0;
+  if (!v || v->empty()) return std::nullopt;
+  auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+  if (ec != std::errc() || end != v->data() + v->size() || n == 0) return std::nullopt;
+  return n;
+}
+
+// A name for this process's inbox object among its peers.
+std::string new_peer_id() {
+  static std::atomic<std::uint64_t> counter{0};
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}.{}", rd(), rd(), ++counter);
+}
+
 }  // namespace
 
 // What an `inbox` object and its mailboxes share, and never change.
@@ -44,6 +74,7 @@ struct inbox_core {
   std::shared_ptr<const inbox_settings> settings;
   std::shared_ptr<worker_pool> pool;
   executor run;
+  std::string peer_id;  // how this object signs what it tells the others (`Amp-Peer`)
 
   std::mutex mu;
   std::unordered_map<std::string, std::weak_ptr<inbox_mailbox>> mailboxes;
@@ -65,7 +96,9 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
         run_(core->run),
         who_(std::move(who)),
         consumer_(subjects::inbox_consumer(who_)),
-        filter_(subjects::inbox_subject(settings_->ns, who_)) {}
+        filter_(subjects::inbox_subject(settings_->ns, who_)),
+        peers_subject_(subjects::inbox_control_subject(settings_->ns, who_)),
+        peer_id_(core->peer_id) {}
 
   ~inbox_mailbox() {
     auto core = core_.lock();
@@ -140,7 +173,10 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       if (!readers_.empty()) return;
       cancel_timer();
       backing_off_ = false;
-      for (auto& [seq, f] : in_flight_) released.push_back(std::move(f.msg));
+      // What another gateway fetched is its to hand back.
+      for (auto& [seq, f] : in_flight_) {
+        if (!f.forwarded) released.push_back(std::move(f.msg));
+      }
       in_flight_.clear();
       if (fetching_) {
         // The fetch still out would take what is handed back now, as one more delivery
@@ -154,7 +190,8 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
 
   struct flight {
     message msg;
-    time_point deadline;  // when the consumer may redeliver it
+    time_point deadline;     // when the consumer may redeliver it
+    bool forwarded = false;  // fetched by another gateway, which told this one
   };
 
   // Takes `seq` out of flight for an ack or nack by reader `id`.
@@ -183,6 +220,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       if (done) done(error(errc::unavailable, "the transport is closed"));
       return;
     }
+    tell_peers(*backend, k_settled_event, f.msg, false);
     if (!done) {
       backend->acknowledge(f.msg, kind, delay);
       return kick();
@@ -248,7 +286,65 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     kicking_ = false;
   }
 
+  // What the inbox of another gateway said of this participant's deliveries: one it
+  // fetched (delivered here too, as one more delivery of the same message: an ack or nack
+  // from here settles it) or one settled there (no longer in flight here).
+  void on_peer(const message& m) {
+    auto event = find_header(m.headers, k_event_header);
+    auto seq = number_header(m.headers, k_seq_header);
+    auto delivery = number_header(m.headers, k_delivery_header);
+    if (!event || !seq || !delivery) return;
+    if (*event == k_settled_event) {
+      {
+        std::lock_guard lock(mu_);
+        auto it = in_flight_.find(*seq);
+        if (it == in_flight_.end() || it->second.msg.delivery_count > *delivery) return;
+        in_flight_.erase(it);
+      }
+      return kick();
+    }
+    auto token = find_header(m.headers, k_ack_header);
+    if (*event != k_delivered_event || !token) return;
+    auto env = parse_envelope(m.data);
+    if (!env) return;
+    message msg;
+    msg.stream = settings_->stream;
+    msg.subject = filter_;
+    msg.data = m.data;
+    msg.seq = *seq;
+    msg.delivery_count = *delivery;
+    msg.consumer = consumer_;
+    msg.ack_token = std::string(*token);
+    std::unique_lock lock(mu_);
+    if (readers_.empty()) return;
+    if (auto it = in_flight_.find(*seq);
+        it != in_flight_.end() && it->second.msg.delivery_count >= *delivery) {
+      return;  // known already (told twice, or fetched here too)
+    }
+    in_flight_.insert_or_assign(*seq, flight{.msg = std::move(msg),
+                                             .deadline = clock_->now() + settings_->ack_wait,
+                                             .forwarded = true});
+    deliver(lock, {inbox_message{.seq = *seq, .delivery = *delivery, .env = std::move(*env)}});
+  }
+
  private:
+  // Tells the inboxes of the other gateways (`on_peer`) that `m` was delivered here (with
+  // its text and ack token) or settled here. A core message: nothing is kept for a gateway
+  // that is away (its sessions get the message at its next delivery).
+  void tell_peers(transport& backend, std::string_view event, const message& m, bool with_data) {
+    outgoing_message out{
+        .subject = peers_subject_,
+        .headers = {{std::string(k_peer_header), peer_id_},
+                    {std::string(k_event_header), std::string(event)},
+                    {std::string(k_seq_header), std::to_string(m.seq)},
+                    {std::string(k_delivery_header), std::to_string(m.delivery_count)}}};
+    if (with_data) {
+      out.data = m.data;
+      out.headers.emplace_back(k_ack_header, m.ack_token);
+    }
+    static_cast<void>(backend.publish_core(std::move(out)));
+  }
+
   struct reader_slot {
     std::uint64_t id = 0;
     std::function<void(const inbox_message&)> fn;
@@ -301,22 +397,43 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       lock.lock();
     }
     auto deadline = clock_->now() + settings_->ack_wait;
-    for (auto& m : kept) {
-      auto seq = m.seq;
-      in_flight_.insert_or_assign(seq, flight{.msg = std::move(m), .deadline = deadline});
+    for (const auto& m : kept) {
+      in_flight_.insert_or_assign(m.seq, flight{.msg = m, .deadline = deadline});
     }
-    deliver(lock, batch);
+    deliver(lock, std::move(batch));
     fetching_ = false;
     // The last reader left during the delivery: no fetch is out, so hand back now.
     auto left_behind = std::exchange(handing_back_, {});
     lock.unlock();
     settle_all(left_behind, ack_kind::nak);
+    // The participant's sessions on other gateways get them too; after they are in flight
+    // here, so that a settle from there finds them.
+    if (auto backend = backend_.lock()) {
+      for (const auto& m : kept) tell_peers(*backend, k_delivered_event, m, true);
+    }
     kick();
   }
 
   // Hands each message to every reader attached now, one call at a time, unlocked; a
   // message settled or handed back meanwhile goes no further.
-  void deliver(std::unique_lock<std::mutex>& lock, const std::vector<inbox_message>& batch) {
+  // Deliveries run one at a time (those of a fetch and those another gateway tells of may
+  // come on two threads): a batch that comes while another is delivered is delivered by
+  // that thread, after it.
+  void deliver(std::unique_lock<std::mutex>& lock, std::vector<inbox_message> batch) {
+    if (delivering_) {
+      for (auto& m : batch) queued_.push_back(std::move(m));
+      return;
+    }
+    delivering_ = true;
+    deliver_now(lock, batch);
+    while (!queued_.empty()) {
+      auto more = std::exchange(queued_, {});
+      deliver_now(lock, more);
+    }
+    delivering_ = false;
+  }
+
+  void deliver_now(std::unique_lock<std::mutex>& lock, const std::vector<inbox_message>& batch) {
     for (const auto& m : batch) {
       auto readers = readers_;
       for (const auto& slot : readers) {
@@ -425,6 +542,8 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   participant_name who_;
   std::string consumer_;
   std::string filter_;
+  std::string peers_subject_;
+  std::string peer_id_;
 
   std::mutex ensure_mu_;
   bool ensured_ = false;  // guarded by ensure_mu_
@@ -443,8 +562,10 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   duration backoff_ = duration::zero();
   timer_id timer_ = 0;
   time_point timer_at_{};
-  std::uint64_t timer_gen_ = 0;      // a timer callback of an older generation does nothing
-  std::uint64_t delivering_to_ = 0;  // the reader whose callback runs now; 0: none
+  std::uint64_t timer_gen_ = 0;        // a timer callback of an older generation does nothing
+  bool delivering_ = false;            // a thread is in `deliver`
+  std::vector<inbox_message> queued_;  // for that thread to deliver next
+  std::uint64_t delivering_to_ = 0;    // the reader whose callback runs now; 0: none
   std::thread::id delivering_on_{};
 };
 
@@ -458,6 +579,23 @@ std::shared_ptr<inbox_mailbox> mailbox_for(const std::shared_ptr<inbox_core>& co
   auto made = std::make_shared<inbox_mailbox>(core, who);
   weak = made;
   return made;
+}
+
+// Hands what another gateway's inbox said to the mailbox of the participant it names, if
+// this object has one; what this object said itself is left alone.
+void tell_mailbox(inbox_core& core, const message& m) {
+  if (find_header(m.headers, k_peer_header) == core.peer_id) return;
+  auto subject = std::string_view(m.subject);
+  auto name = participant_name::make(subject.substr(subject.rfind('.') + 1));
+  if (!name) return;
+  std::shared_ptr<inbox_mailbox> mailbox;
+  {
+    std::lock_guard lock(core.mu);
+    auto it = core.mailboxes.find(name->str());
+    if (it == core.mailboxes.end()) return;
+    mailbox = it->second.lock();
+  }
+  if (mailbox) mailbox->on_peer(m);
 }
 
 // The message to publish for `msg`, checked in the spec's order.
@@ -555,7 +693,9 @@ void inbox_reader::stop() noexcept {
 
 inbox::inbox(std::shared_ptr<detail::inbox_core> core) : core_(std::move(core)) {}
 
-inbox::~inbox() = default;
+inbox::~inbox() {
+  if (peers_) peers_->stop();
+}
 
 result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
                                            const broker_config& config) {
@@ -596,7 +736,17 @@ result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
   core->backend = std::move(t);
   core->settings = std::move(settings);
   core->run = detail::executor_for(config, core->pool);
-  return std::make_shared<inbox>(std::move(core));
+  core->peer_id = detail::new_peer_id();
+  std::weak_ptr<detail::inbox_core> weak = core;
+  auto peers = core->backend->subscribe_core(subjects::inbox_control_subjects(config.ns),
+                                             [weak](const message& m) {
+                                               if (auto c = weak.lock())
+                                                 detail::tell_mailbox(*c, m);
+                                             });
+  if (!peers) return peers.error();
+  auto made = std::make_shared<inbox>(std::move(core));
+  made->peers_ = std::move(*peers);
+  return made;
 }
 
 result<send_result> inbox::send(inbox_send msg) {

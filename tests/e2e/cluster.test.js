@@ -1,6 +1,7 @@
 'use strict';
 // Two amp-servers on one NATS (spec §5, §7, §8 "Budgets hold across several gateways", §13):
-// messages cross from one to the other, workers on both share the tasks, a cancel reaches
+// messages cross from one to the other and reach a participant's sessions on both, workers on
+// both share the tasks, a cancel reaches
 // the holder on the other server, budgets are shared, presence is seen on both. JetStream only: the memory transport lives in one
 // process.
 
@@ -44,6 +45,35 @@ describe('two amp-servers on one NATS (jetstream)', options, () => {
     await bob.ok('subscribe', { topic: 'news.>', sub: 'n' });
     const p = await alice.ok('publish', { topic: 'news.eu', body: 1 });
     assert.equal((await bob.next('event')).seq, p.seq);
+  });
+
+  it('a participant connected to both servers gets each message on both sessions, acked once (§5, §13)', async () => {
+    const ns = uniqueNs();
+    const alice = await env.connect(a, ns, 'alice');
+    const onA = await env.connect(a, ns, 'bob');
+    const onB = await env.connect(b, ns, 'bob');
+    const sent = [];
+    for (let i = 0; i < 5; i++) sent.push((await alice.ok('send', { to: 'bob', body: i })).seq);
+    const seen = async (session) => {
+      const got = new Map();
+      while (got.size < sent.length) {
+        const m = await session.next('message', 10000);
+        assert.equal(m.delivery, 1, `${session.name}: a first delivery`);
+        got.set(m.seq, m.envelope.body);
+      }
+      return got;
+    };
+    const [gotA, gotB] = await Promise.all([seen(onA), seen(onB)]);
+    for (const [i, seq] of sent.entries()) {
+      assert.equal(gotA.get(seq), i);
+      assert.equal(gotB.get(seq), i);
+    }
+    // Acked through either server: settled for both.
+    for (const [i, seq] of sent.entries()) await (i % 2 ? onA : onB).ok('ack', { seq });
+    await delay(300); // the other server hears of it over NATS
+    for (const [i, seq] of sent.entries()) await (i % 2 ? onB : onA).fails('ack', { seq }, 'not_found');
+    await delay(300);
+    assert.deepEqual([onA.queued('message'), onB.queued('message')], [[], []]);
   });
 
   it('workers on both servers share the tasks; each task is completed exactly once', async () => {

@@ -95,10 +95,19 @@ TEST_CASE("the NATS mapping spells streams, subjects, consumers and keys as docu
 
   // Core messages between gateways: no stream of the namespace may capture them.
   REQUIRE(subjects::task_control_subject(ns) == "amp.demo.ctl.tasks");
-  for (const auto& captured : {subjects::inbox_subjects(ns), subjects::job_subjects(ns),
-                               subjects::ended_subject(ns), subjects::topic_subjects(ns)}) {
-    CHECK_FALSE(subjects::filters_overlap(captured, subjects::task_control_subject(ns)));
+  REQUIRE(subjects::inbox_control_subjects(ns) == "amp.demo.ctl.inbox.*");
+  REQUIRE(subjects::inbox_control_subject(ns, bob) == "amp.demo.ctl.inbox.bob");
+  CHECK(subjects::subject_matches(subjects::inbox_control_subjects(ns),
+                                  subjects::inbox_control_subject(ns, bob)));
+  for (const auto& control :
+       {subjects::task_control_subject(ns), subjects::inbox_control_subjects(ns)}) {
+    for (const auto& captured : {subjects::inbox_subjects(ns), subjects::job_subjects(ns),
+                                 subjects::ended_subject(ns), subjects::topic_subjects(ns)}) {
+      CHECK_FALSE(subjects::filters_overlap(captured, control));
+    }
   }
+  CHECK_FALSE(subjects::filters_overlap(subjects::task_control_subject(ns),
+                                        subjects::inbox_control_subjects(ns)));
 
   REQUIRE(subjects::topics_stream(ns) == "AMP_TOPICS_demo");
   REQUIRE(subjects::topic_subjects(ns) == "amp.demo.topic.>");

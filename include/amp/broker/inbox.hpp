@@ -31,6 +31,14 @@
 /// reader sees the deliveries made after it attached (a message already in flight when it
 /// attaches reaches it when it is redelivered).
 ///
+/// Several gateways. `inbox` objects of one namespace in different processes (or in one)
+/// tell each other of their deliveries over core messages (`subjects::inbox_control_subject`):
+/// a message one of them fetched reaches the readers of the participant in every other as
+/// the same delivery, and an ack or nack in any settles it in all (an `ack` elsewhere is then
+/// `not_found`). Each object delivers in the order of its own fetches, so a participant's
+/// readers in different objects may see messages in different orders; a core message lost
+/// (a process cut from the backend) leaves that object's readers to the next delivery.
+///
 /// Threads. Every member function is thread-safe. Functions that do not start with
 /// `async_` and are not marked non-blocking block on the backend: do not call them from a
 /// transport callback or from an `on_message` callback (use the `async_` forms there).
@@ -142,7 +150,8 @@ class inbox_reader {
 class inbox {
  public:
   /// Ensures the stream `AMP_INBOX_<ns>` (work queue, `storage`, `replicas`,
-  /// `duplicate_window`, `inbox_max_age`). Blocks. Errors: `bad_request` for an
+  /// `duplicate_window`, `inbox_max_age`) and subscribes to what the inboxes of other
+  /// gateways say (`subjects::inbox_control_subjects`). Blocks. Errors: `bad_request` for an
   /// `inbox_window` below 1 or an `inbox_ack_wait` that is not positive; `conflict` when
   /// the stream exists with another configuration; `unavailable`.
   static result<std::shared_ptr<inbox>> open(std::shared_ptr<transport> t,
@@ -200,6 +209,7 @@ class inbox {
 
  private:
   std::shared_ptr<detail::inbox_core> core_;
+  std::unique_ptr<subscription> peers_;  // what the inboxes of other gateways say
 };
 
 }  // namespace amp

@@ -5,12 +5,16 @@
 #include <chrono>
 #include <fstream>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "amp/broker/inbox.hpp"
 #include "amp/subjects.hpp"
@@ -740,9 +744,78 @@ TEST_CASE("inbox: two inbox objects on one namespace share the participant's win
   inbox_log here, there;
   auto r1 = must(s.box->attach(pname("bob"), here.callback()));
   auto r2 = must(other->attach(pname("bob"), there.callback()));
+  // Two messages in flight in all, whichever gateway fetched them (what one fetched before
+  // the other had a reader reaches that one when it is delivered again).
   REQUIRE(eventually([&] { return here.size() + there.size() >= 2; }));
   quiet_period(*s.fx);
-  CHECK(here.size() + there.size() == 2);
+  std::set<std::uint64_t> in_flight;
+  for (const auto& m : here.all()) in_flight.insert(m.seq);
+  for (const auto& m : there.all()) in_flight.insert(m.seq);
+  CHECK(in_flight.size() == 2);
+}
+
+TEST_CASE(
+    "inbox: a participant read through two inbox objects (two gateways) gets every message on "
+    "both, and an ack on either settles it",
+    "[inbox][several]") {
+  setup s(30s);
+  auto other = must(inbox::open(s.fx->shared_transport(), s.cfg));
+  inbox_log here, there;
+  auto r1 = must(s.box->attach(pname("bob"), here.callback()));
+  auto r2 = must(other->attach(pname("bob"), there.callback()));
+  std::vector<std::uint64_t> seqs;
+  for (int i = 1; i <= 6; ++i) {
+    seqs.push_back(must(s.box->send(note("bob", "alice", fmt::format(R"({{"n":{}}})", i)))).seq);
+  }
+  REQUIRE(here.reaches(6));
+  REQUIRE(there.reaches(6));
+  // Each once on each, as a first delivery, the same envelope (the order is each gateway's
+  // fetch order: two gateways fetch in turn).
+  auto by_seq = [](const inbox_log& log) {
+    std::map<std::uint64_t, inbox_message> out;
+    for (const auto& m : log.all()) out.emplace(m.seq, m);
+    return out;
+  };
+  auto mine = by_seq(here), theirs = by_seq(there);
+  REQUIRE(mine.size() == seqs.size());
+  REQUIRE(theirs.size() == seqs.size());
+  for (auto seq : seqs) {
+    INFO(seq);
+    REQUIRE(mine.contains(seq));
+    REQUIRE(theirs.contains(seq));
+    CHECK(mine.at(seq).delivery == 1);
+    CHECK(theirs.at(seq).delivery == 1);
+    CHECK(mine.at(seq).env == theirs.at(seq).env);
+  }
+  // Acked on either side: settled for both (the other's ack is then not_found).
+  for (std::size_t i = 0; i < seqs.size(); ++i) must((i % 2 == 0 ? r1 : r2)->ack(seqs[i]));
+  quiet_period(*s.fx);  // the word from the other gateway is a core message away
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    auto& late = i % 2 == 0 ? r2 : r1;
+    CHECK(code_of(late->ack(seqs[i])) == errc::not_found);
+  }
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
+  // A nack on one side: delivered again to both, as delivery 2.
+  auto again = must(s.box->send(note("bob", "alice"))).seq;
+  REQUIRE(here.reaches(7));
+  REQUIRE(there.reaches(7));
+  must(r2->nack(again));
+  REQUIRE(here.reaches(8));
+  REQUIRE(there.reaches(8));
+  CHECK(here.at(7).seq == again);
+  CHECK(here.at(7).delivery == 2);
+  CHECK(there.at(7).delivery == 2);
+  must(r1->ack(again));
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
+  // One gateway's last reader leaving hands back nothing the other fetched.
+  auto last = must(s.box->send(note("bob", "alice"))).seq;
+  REQUIRE(here.reaches(9));
+  REQUIRE(there.reaches(9));
+  r2->stop();
+  quiet_period(*s.fx);
+  CHECK(here.size() == 9);
+  must(r1->ack(last));
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
 }
 
 // ----- idle consumers (inbox_idle_consumer) ------------------------------------------------
