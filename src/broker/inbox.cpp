@@ -8,6 +8,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -39,6 +40,12 @@ constexpr std::string_view k_delivery_header = "Amp-Delivery";
 constexpr std::string_view k_ack_header = "Amp-Ack";
 constexpr std::string_view k_delivered_event = "delivered";
 constexpr std::string_view k_settled_event = "settled";
+// A mailbox got its first reader (the others answer `present` when they have readers too),
+// has readers, or lost its last one: deliveries and settles are told only while another
+// gateway is known to have readers of the participant.
+constexpr std::string_view k_attached_event = "attached";
+constexpr std::string_view k_present_event = "present";
+constexpr std::string_view k_detached_event = "detached";
 
 std::optional<std::uint64_t> number_header(const header_list& h, std::string_view name) {
   auto v = find_header(h, name);
@@ -142,8 +149,10 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   std::uint64_t add_reader(std::function<void(const inbox_message&)> fn) {
     std::vector<message> handed_back;
     std::uint64_t id = 0;
+    bool first = false;
     {
       std::lock_guard lock(mu_);
+      first = readers_.empty();
       auto slot = std::make_shared<reader_slot>();
       slot->id = ++last_reader_;
       slot->fn = std::move(fn);
@@ -154,6 +163,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       handed_back = std::exchange(handing_back_, {});
     }
     settle_all(handed_back, ack_kind::nak);
+    if (first) announce(k_attached_event);
     return id;
   }
 
@@ -171,6 +181,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
         delivered_.wait(lock, [&] { return delivering_to_ != id; });
       }
       if (!readers_.empty()) return;
+      peers_.clear();
       cancel_timer();
       backing_off_ = false;
       // What another gateway fetched is its to hand back.
@@ -182,9 +193,10 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
         // The fetch still out would take what is handed back now, as one more delivery
         // that reaches nobody: hand it back once that fetch has come back.
         for (auto& m : released) handing_back_.push_back(std::move(m));
-        return;
+        released.clear();
       }
     }
+    announce(k_detached_event);
     settle_all(released, ack_kind::nak);
   }
 
@@ -220,7 +232,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       if (done) done(error(errc::unavailable, "the transport is closed"));
       return;
     }
-    tell_peers(*backend, k_settled_event, f.msg, false);
+    if (has_peers()) tell_peers(*backend, k_settled_event, f.msg, false);
     if (!done) {
       backend->acknowledge(f.msg, kind, delay);
       return kick();
@@ -291,6 +303,22 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   // from here settles it) or one settled there (no longer in flight here).
   void on_peer(const message& m) {
     auto event = find_header(m.headers, k_event_header);
+    auto peer = find_header(m.headers, k_peer_header);
+    if (!event || !peer) return;
+    if (*event == k_attached_event || *event == k_present_event) {
+      {
+        std::lock_guard lock(mu_);
+        if (readers_.empty()) return;  // it learns of readers here when they come
+        peers_.emplace(*peer);
+      }
+      if (*event == k_attached_event) announce(k_present_event);
+      return;
+    }
+    if (*event == k_detached_event) {
+      std::lock_guard lock(mu_);
+      peers_.erase(std::string(*peer));
+      return;
+    }
     auto seq = number_header(m.headers, k_seq_header);
     auto delivery = number_header(m.headers, k_delivery_header);
     if (!event || !seq || !delivery) return;
@@ -317,6 +345,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     msg.ack_token = std::string(*token);
     std::unique_lock lock(mu_);
     if (readers_.empty()) return;
+    peers_.emplace(*peer);  // it fetches, so it has readers
     if (auto it = in_flight_.find(*seq);
         it != in_flight_.end() && it->second.msg.delivery_count >= *delivery) {
       return;  // known already (told twice, or fetched here too)
@@ -328,6 +357,21 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   }
 
  private:
+  bool has_peers() {
+    std::lock_guard lock(mu_);
+    return !peers_.empty();
+  }
+
+  // Tells the inboxes of the other gateways whether this one has readers of the participant.
+  void announce(std::string_view event) {
+    auto backend = backend_.lock();
+    if (!backend) return;
+    static_cast<void>(
+        backend->publish_core({.subject = peers_subject_,
+                               .headers = {{std::string(k_peer_header), peer_id_},
+                                           {std::string(k_event_header), std::string(event)}}}));
+  }
+
   // Tells the inboxes of the other gateways (`on_peer`) that `m` was delivered here (with
   // its text and ack token) or settled here. A core message: nothing is kept for a gateway
   // that is away (its sessions get the message at its next delivery).
@@ -408,7 +452,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     settle_all(left_behind, ack_kind::nak);
     // The participant's sessions on other gateways get them too; after they are in flight
     // here, so that a settle from there finds them.
-    if (auto backend = backend_.lock()) {
+    if (auto backend = backend_.lock(); backend && has_peers()) {
       for (const auto& m : kept) tell_peers(*backend, k_delivered_event, m, true);
     }
     kick();
@@ -552,6 +596,9 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   std::condition_variable delivered_;
   std::vector<std::shared_ptr<reader_slot>> readers_;
   std::uint64_t last_reader_ = 0;
+  // The inbox objects elsewhere known to have readers of the participant (while this one
+  // has readers): deliveries and settles are told to them.
+  std::set<std::string, std::less<>> peers_;
   std::map<std::uint64_t, flight> in_flight_;  // by stream sequence
   bool fetching_ = false;  // a fetch is out, or its messages are being delivered
   // In flight when the last reader left while a fetch was out: handed back when it returns.

@@ -35,7 +35,8 @@
 /// tell each other of their deliveries over core messages (`subjects::inbox_control_subject`):
 /// a message one of them fetched reaches the readers of the participant in every other as
 /// the same delivery, and an ack or nack in any settles it in all (an `ack` elsewhere is then
-/// `not_found`). Each object delivers in the order of its own fetches, so a participant's
+/// `not_found`); they say so only while another object has said it has readers of the
+/// participant. Each object delivers in the order of its own fetches, so a participant's
 /// readers in different objects may see messages in different orders; a core message lost
 /// (a process cut from the backend) leaves that object's readers to the next delivery.
 ///

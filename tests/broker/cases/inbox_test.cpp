@@ -1,6 +1,7 @@
 // Inbox messages (spec §5) on every transport: send, delivery to attached readers, ack,
 // nack, the window and redelivery.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -752,6 +753,48 @@ TEST_CASE("inbox: two inbox objects on one namespace share the participant's win
   for (const auto& m : here.all()) in_flight.insert(m.seq);
   for (const auto& m : there.all()) in_flight.insert(m.seq);
   CHECK(in_flight.size() == 2);
+}
+
+TEST_CASE(
+    "inbox: deliveries are told to other gateways only while one has readers of the "
+    "participant",
+    "[inbox][several]") {
+  setup s(30s);
+  callback_log<std::string> said;  // the events on the namespace's inbox control subjects
+  auto listen = must(s.fx->transport().subscribe_core(
+      subjects::inbox_control_subjects(s.cfg.ns), [&](const message& m) {
+        said.callback()(std::string(find_header(m.headers, "Amp-Event").value_or("?")));
+      }));
+  auto count = [&](std::string_view event) {
+    auto all = said.all();
+    return std::count(all.begin(), all.end(), event);
+  };
+  inbox_log here, there;
+  auto r1 = must(s.box->attach(pname("bob"), here.callback()));
+  auto first = must(s.box->send(note("bob", "alice"))).seq;
+  REQUIRE(here.reaches(1));
+  must(r1->ack(first));
+  quiet_period(*s.fx);
+  CHECK(said.all() == std::vector<std::string>{"attached"});  // alone: nothing more is said
+
+  auto other = must(inbox::open(s.fx->shared_transport(), s.cfg));
+  auto r2 = must(other->attach(pname("bob"), there.callback()));
+  REQUIRE(eventually([&] { return count("present") == 1; }));  // the first one answers
+  auto second = must(s.box->send(note("bob", "alice"))).seq;
+  REQUIRE(here.reaches(2));
+  REQUIRE(there.reaches(1));
+  must(r2->ack(second));
+  REQUIRE(eventually([&] { return count("delivered") == 1 && count("settled") == 1; }));
+
+  r2->stop();
+  REQUIRE(eventually([&] { return count("detached") == 1; }));
+  auto third = must(s.box->send(note("bob", "alice"))).seq;
+  REQUIRE(here.reaches(3));
+  must(r1->ack(third));
+  quiet_period(*s.fx);
+  CHECK(count("delivered") == 1);
+  CHECK(count("settled") == 1);
+  CHECK(there.size() == 1);
 }
 
 TEST_CASE(
