@@ -321,7 +321,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     }
     auto seq = number_header(m.headers, k_seq_header);
     auto delivery = number_header(m.headers, k_delivery_header);
-    if (!event || !seq || !delivery) return;
+    if (!seq || !delivery) return;
     if (*event == k_settled_event) {
       {
         std::lock_guard lock(mu_);
@@ -441,9 +441,13 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       lock.lock();
     }
     auto deadline = clock_->now() + settings_->ack_wait;
-    for (const auto& m : kept) {
-      in_flight_.insert_or_assign(m.seq, flight{.msg = m, .deadline = deadline});
+    // Kept for the other gateways only when one has readers of the participant.
+    const bool tell = !peers_.empty();
+    for (auto& m : kept) {
+      in_flight_.insert_or_assign(m.seq,
+                                  flight{.msg = tell ? m : std::move(m), .deadline = deadline});
     }
+    if (!tell) kept.clear();
     deliver(lock, std::move(batch));
     fetching_ = false;
     // The last reader left during the delivery: no fetch is out, so hand back now.
@@ -452,7 +456,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     settle_all(left_behind, ack_kind::nak);
     // The participant's sessions on other gateways get them too; after they are in flight
     // here, so that a settle from there finds them.
-    if (auto backend = backend_.lock(); backend && has_peers()) {
+    if (auto backend = backend_.lock(); backend) {
       for (const auto& m : kept) tell_peers(*backend, k_delivered_event, m, true);
     }
     kick();
