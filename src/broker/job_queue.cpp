@@ -15,7 +15,9 @@
 
 #include "amp/json.hpp"
 #include "amp/subjects.hpp"
+#include "amp/timestamp.hpp"
 #include "broker/common.hpp"
+#include "detail/simdjson_adapter.hpp"
 #include "detail/string_hash.hpp"
 #include "detail/wait_for.hpp"
 
@@ -1185,6 +1187,71 @@ result<void> job_queue::decline(const offer& o) {
 result<void> job_queue::release(const offer& o) {
   s_->t->acknowledge(o.msg, ack_kind::nak);
   return {};
+}
+
+std::string job_queue::offer_text(const offer& o) const {
+  json_writer w(640 + o.msg.data.size() + o.task.result.size());
+  w.begin_object();
+  w.key("record").string(to_stored_json(o.task)).key("revision").integer(o.task.revision);
+  w.key("attempt").integer(o.attempt);
+  w.key("lapses_at").string(format_timestamp(o.lapses_at));
+  w.key("envelope").string(o.msg.data);
+  w.key("stream").string(o.msg.stream).key("subject").string(o.msg.subject);
+  w.key("seq").integer(o.msg.seq).key("consumer").string(o.msg.consumer);
+  w.key("delivery").integer(o.msg.delivery_count).key("ack").string(o.msg.ack_token);
+  w.end_object();
+  return w.take();
+}
+
+result<offer> job_queue::offer_from_text(std::string_view text) const {
+  auto bad = [](std::string_view why) {
+    return unexpected(errc::bad_request, fmt::format("not an offer: {}", why));
+  };
+  thread_local simdjson::dom::parser parser;
+  detail::parser_release release(parser);
+  simdjson::dom::object o;
+  if (parser.parse(text.data(), text.size()).get(o) != simdjson::SUCCESS)
+    return bad("not a JSON object");
+  std::string_view record, lapses, env_text, ack;
+  std::uint64_t revision = 0, seq = 0, delivery = 0;
+  std::int64_t attempt = 0;
+  if (o["record"].get(record) || o["revision"].get(revision) || o["attempt"].get(attempt) ||
+      o["lapses_at"].get(lapses) || o["envelope"].get(env_text) || o["ack"].get(ack) ||
+      o["seq"].get(seq) || o["delivery"].get(delivery)) {
+    return bad("a member is missing or of the wrong type");
+  }
+  auto rec = parse_task_record(record);
+  if (!rec) return bad(rec.error().message());
+  auto job = job_name::make(rec->job);
+  if (rec->ns != s_->config.ns.view() || !job || !task_id::make(rec->task)) {
+    return bad("not a task of this namespace");
+  }
+  if (rec->state != task_state::queued || attempt != rec->attempt + 1 ||
+      rec->attempt >= rec->max_attempts || ack.empty()) {
+    return bad("not a queued task with an attempt left");
+  }
+  auto lapses_at = parse_timestamp(lapses);
+  auto env = parse_envelope(env_text);
+  if (!lapses_at || !env || env->to != rec->job) return bad("bad lapses_at or envelope");
+  offer made;
+  made.lease = s_->config.job(*job).lease;
+  // Never longer than a whole lease from now, whatever the sender's clock says.
+  made.lapses_at = std::min(*lapses_at, s_->now() + made.lease);
+  made.attempt = static_cast<int>(attempt);
+  made.env = std::move(*env);
+  made.task = std::move(*rec);
+  made.task.revision = revision;
+  made.msg.data = std::string(env_text);
+  for (auto [key, field] :
+       {std::pair{"stream", &made.msg.stream}, std::pair{"subject", &made.msg.subject},
+        std::pair{"consumer", &made.msg.consumer}}) {
+    std::string_view v;
+    if (o[key].get(v) == simdjson::SUCCESS) *field = std::string(v);
+  }
+  made.msg.seq = seq;
+  made.msg.delivery_count = delivery;
+  made.msg.ack_token = std::string(ack);
+  return made;
 }
 
 result<lease> job_queue::heartbeat(const task_id& task, const participant_name& who,

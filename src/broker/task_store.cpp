@@ -160,6 +160,10 @@ std::string to_json(const task_record& r) {
   return write_record(r, false);
 }
 
+std::string to_stored_json(const task_record& r) {
+  return write_record(r, true);
+}
+
 result<task_record> parse_task_record(std::string_view json) {
   thread_local simdjson::dom::parser parser;  // reused for its buffers
   detail::parser_release release(parser);

@@ -214,6 +214,18 @@ class job_queue {
   /// lost, the message comes back after the consumer's AckWait.
   result<void> release(const offer& o);
 
+  /// An offer as text for another job queue of the namespace (another gateway's), which
+  /// `offer_from_text` turns back into the offer: the record and the revision it was read
+  /// at, the attempt, when it lapses, the envelope and the job message's ack token. Any thread.
+  std::string offer_text(const offer& o) const;
+  /// The offer `offer_text` wrote, to claim, decline or release here as if fetched here: a
+  /// claim is the same compare-and-set, so two claims of one task still never both win.
+  /// Its lease is this job queue's for the job, and it lapses at the latest a lease from
+  /// now. `bad_request` for anything else: not JSON, a task of another namespace, one not
+  /// queued or with no attempt left, a bad envelope or no ack token. Nothing is read or
+  /// written. Any thread.
+  result<offer> offer_from_text(std::string_view text) const;
+
   /// Extends `who`'s lease on `task`. `lease_lost` when `who` does not hold a live lease
   /// (the lease is then no longer counted in `leases_of`), or when `attempt` is given and
   /// is not the task's current attempt (the fence, spec §7; a live lease of the current

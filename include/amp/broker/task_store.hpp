@@ -83,8 +83,12 @@ struct task_record {
 /// updated_at, result, error, revision`, with null for what is absent.
 std::string to_json(const task_record& r);
 
-/// Reads a stored record (the broker's own format: the spec's members plus `holders`,
-/// `ack`, `job_seq`, `idem`). `internal` when the text is not one.
+/// The record in the broker's own format, as the task store keeps it (the spec's members
+/// but `revision`, plus `holders`, `ack`, `job_seq`, `idem`, `notified`).
+std::string to_stored_json(const task_record& r);
+
+/// Reads a stored record (the broker's own format, `to_stored_json`). `internal` when the
+/// text is not one. The revision is not in it: 0.
 result<task_record> parse_task_record(std::string_view json);
 
 /// The task store. Thread-safe; every call blocks on the backend (do not call from a

@@ -776,6 +776,72 @@ TEST_CASE("a cancel said on the control subject changes nothing unless the recor
   CHECK(must(env.q->complete(id, env.w1, "1")).task.state == task_state::completed);
 }
 
+TEST_CASE("an offer handed to another job queue is claimed and completed there, once",
+          "[jobs][several]") {
+  jobs_env env;
+  auto other = env.open_queue();  // another gateway's
+  auto id = env.submit();
+  auto o = env.one_offer();
+  auto text = env.q->offer_text(o);
+  auto handed = must(other->offer_from_text(text));
+  CHECK(handed.task == o.task);
+  CHECK(handed.attempt == o.attempt);
+  CHECK(handed.lapses_at == o.lapses_at);
+  CHECK(handed.env.id == o.env.id);
+  CHECK(handed.msg.ack_token == o.msg.ack_token);
+  auto l = must(other->claim(handed, env.w2));
+  CHECK(l.attempt == 1);
+  CHECK(other->holds(id, env.w2));
+  CHECK(code_of(env.q->claim(o, env.w1)) == errc::conflict);  // one claim of a task wins
+  CHECK(must(other->complete(id, env.w2, "7", l.attempt)).task.state == task_state::completed);
+  auto rec = env.record(id);
+  CHECK(rec.state == task_state::completed);
+  CHECK(rec.owner == "w2");
+  // An offer lapses at the latest a lease from now, whatever the text says.
+  auto id2 = env.submit();
+  auto o2 = env.one_offer();
+  o2.lapses_at += std::chrono::hours(5);
+  CHECK(must(other->offer_from_text(env.q->offer_text(o2))).lapses_at <=
+        o2.lapses_at - std::chrono::hours(5));
+  (void)id2;
+}
+
+TEST_CASE("an offer text that is not one is refused and changes nothing", "[jobs][several]") {
+  jobs_env env;
+  auto id = env.submit();
+  auto o = env.one_offer();
+  auto good = env.q->offer_text(o);
+  auto refused = [&](std::string text) {
+    auto r = env.q->offer_from_text(text);
+    return !r && r.error().code() == errc::bad_request;
+  };
+  CHECK(refused(""));
+  CHECK(refused("not json"));
+  CHECK(refused("[]"));
+  CHECK(refused("{}"));
+  auto with = [&](std::string_view from, std::string_view to) {
+    auto t = good;
+    auto at = t.find(from);
+    REQUIRE(at != std::string::npos);
+    t.replace(at, from.size(), to);
+    return t;
+  };
+  CHECK(refused(with(R"("attempt":1)", R"("attempt":2)")));    // not the next attempt
+  CHECK(refused(with(R"("attempt":1)", R"("attempt":"1")")));  // of the wrong type
+  CHECK(refused(with(R"(\"state\":\"queued\")", R"(\"state\":\"running\")")));
+  CHECK(refused(with(R"(\"ns\":\")", R"(\"ns\":\"x)")));    // another namespace
+  CHECK(refused(with(R"("ack":")", R"("ack":"","x":")")));  // no ack token
+  CHECK(refused(with(R"("lapses_at":")", R"("lapses_at":"x)")));
+  CHECK(refused(with(R"(\"to\":\"resize\")", R"(\"to\":\"other\")")));  // another job's envelope
+  auto other_ns_cfg = env.cfg;
+  other_ns_cfg.ns = namespace_name::make("elsewhere").value();
+  auto elsewhere = must(job_queue::open(env.t, other_ns_cfg, {}, {}));
+  CHECK(code_of(elsewhere->offer_from_text(good)) == errc::bad_request);
+  // The offer itself is untouched: claimed as usual.
+  CHECK(must(env.q->claim(o, env.w1)).attempt == 1);
+  CHECK(env.record(id).state == task_state::running);
+}
+
 result<submit_result> submit_sealed(job_queue& q, sealed_envelope env,
                                     job_submit_options options = {}) {
   std::promise<result<submit_result>> answer;
