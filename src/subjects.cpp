@@ -161,6 +161,12 @@ std::string inbox_control_subjects(const namespace_name& ns) {
 std::string inbox_control_subject(const namespace_name& ns, const participant_name& participant) {
   return ns_subject(ns, "ctl", "inbox." + participant.str());
 }
+std::string work_control_subject(const namespace_name& ns) {
+  return ns_subject(ns, "ctl", "work");
+}
+std::string work_offer_subject(const namespace_name& ns, std::string_view gateway) {
+  return ns_subject(ns, "ctl", fmt::format("work.{}", gateway));
+}
 
 std::string topics_stream(const namespace_name& ns) {
   return prefixed("AMP_TOPICS_", ns.view());

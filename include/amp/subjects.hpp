@@ -81,6 +81,12 @@ std::string task_control_subject(const namespace_name& ns);
 std::string inbox_control_subjects(const namespace_name& ns);
 /// `amp.<ns>.ctl.inbox.<participant>`.
 std::string inbox_control_subject(const namespace_name& ns, const participant_name& participant);
+/// `amp.<ns>.ctl.work`: what the gateways of a namespace tell each other of their workers
+/// (who is registered there, with how many slots, how busy).
+std::string work_control_subject(const namespace_name& ns);
+/// `amp.<ns>.ctl.work.<gateway>`: offers one gateway hands to another's workers. `gateway`
+/// is the receiver's id, one subject token (the caller makes it: letters and digits).
+std::string work_offer_subject(const namespace_name& ns, std::string_view gateway);
 ///@}
 
 /// \name Topics

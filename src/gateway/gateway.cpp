@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -167,6 +168,8 @@ result<std::shared_ptr<detail::ns_state>> gateway::impl::ns_for(const namespace_
       }
     }
     for (auto& s : targets) detail::push(*s, task_push(op, task), op);
+    // None here: the holder may be connected to another gateway.
+    if (targets.empty()) gw->tell_holder_elsewhere(*state, op, holder, task);
     gw->pump_all(state, jobs);
   };
   job_events events;
@@ -245,6 +248,7 @@ result<std::shared_ptr<detail::ns_state>> gateway::impl::ns_for(const namespace_
     start->touched.clear();
   }
   st->presence = std::move(*watch);
+  if (auto r = open_exchange(st); !r) return r.error();
   slot->state = st;
   log("info", "namespace_open", fmt::format("\"ns\":{}", json_quote(ns.view())));
   return st;
@@ -256,6 +260,7 @@ void gateway::impl::pump_all(const std::shared_ptr<detail::ns_state>& ns,
 }
 
 void gateway::impl::pump(const std::shared_ptr<detail::ns_state>& st, const job_name& job) {
+  workers_changed(st);
   if (shutting_down) return;
   const auto free = start_fetching(*st, job, clk->now());
   if (free == 0) return;
@@ -354,67 +359,8 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
     });
     return;
   }
-  for (auto& fetched : *r) {
-    auto shared = std::make_shared<const offer>(std::move(fetched));
-    const offer& o = *shared;
-    std::shared_ptr<session::impl> target;
-    {
-      std::lock_guard lock(st->mu);
-      auto now = clk->now();
-      detail::worker* best = nullptr;
-      for (auto& [key, w] : st->workers) {
-        if (!eligible(w, job, st->live, now)) continue;
-        // least loaded first: busy/slots, compared without division; ties by name
-        if (!best || std::int64_t{w.busy()} * best->slots < std::int64_t{best->busy()} * w.slots ||
-            (std::int64_t{w.busy()} * best->slots == std::int64_t{best->busy()} * w.slots &&
-             w.who < best->who)) {
-          best = &w;
-        }
-      }
-      if (best) target = best->s.lock();
-      if (target) {
-        std::weak_ptr<impl> weak = shared_from_this();
-        std::weak_ptr<session::impl> weak_s = target;
-        auto task = o.task.task;
-        auto serial = ++st->offers_made;
-        std::weak_ptr<detail::ns_state> weak_st = st;
-        auto lapse = clk->call_at(o.lapses_at, [weak, weak_st, weak_s, task, serial] {
-          auto self = weak.lock();
-          auto ns = weak_st.lock();
-          if (!self || !ns) return;
-          self->post([self, ns, weak_s, task, serial] {
-            std::shared_ptr<const offer> lapsed;
-            {
-              std::lock_guard held(ns->mu);
-              auto s = weak_s.lock();
-              if (!s) return;
-              auto wit = ns->workers.find(s.get());
-              if (wit == ns->workers.end()) return;
-              auto it = wit->second.offers.find(task);
-              if (it == wit->second.offers.end() || it->second.serial != serial) return;
-              lapsed = std::move(it->second.o);
-              wit->second.offers.erase(it);
-            }
-            self->offer_done(ns, *lapsed, false);
-          });
-        });
-        // A redelivery of a task still on offer here (it came back before the offer lapsed
-        // on this gateway's clock) replaces the offer and its lapse.
-        detail::open_offer fresh{.o = shared, .lapse = lapse, .serial = serial};
-        auto [it, added] = best->offers.try_emplace(o.task.task, std::move(fresh));
-        if (!added) {
-          clk->cancel(it->second.lapse);
-          it->second = std::move(fresh);
-        }
-      }
-    }
-    if (!target) {
-      (void)timed([&] { return st->b->jobs().release(o); });
-      continue;
-    }
-    metrics.offer();
-    detail::push(*target, offer_frame(o), "offer");
-  }
+  for (auto& fetched : *r)
+    place_offer(st, job, std::make_shared<const offer>(std::move(fetched)), true);
   if (st->b->jobs().fetch_ready(job)) {
     // Fetching for the slots still free does not block: here, in turn (this may be a
     // transport's thread, and the fetch may answer at once).
@@ -422,6 +368,74 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
         [self = shared_from_this(), st, job] { self->run_here([&] { self->pump(st, job); }); });
   }
   post([self = shared_from_this(), st, job] { self->pump(st, job); });
+}
+
+void gateway::impl::place_offer(const std::shared_ptr<detail::ns_state>& st, const job_name& job,
+                                std::shared_ptr<const offer> shared, bool may_hand) {
+  const offer& o = *shared;
+  std::shared_ptr<session::impl> target;
+  std::optional<std::string> peer;
+  {
+    std::lock_guard lock(st->mu);
+    auto now = clk->now();
+    detail::worker* best = nullptr;
+    for (auto& [key, w] : st->workers) {
+      if (!eligible(w, job, st->live, now)) continue;
+      // least loaded first: busy/slots, compared without division; ties by name
+      if (!best || std::int64_t{w.busy()} * best->slots < std::int64_t{best->busy()} * w.slots ||
+          (std::int64_t{w.busy()} * best->slots == std::int64_t{best->busy()} * w.slots &&
+           w.who < best->who)) {
+        best = &w;
+      }
+    }
+    if (may_hand) peer = hand_to(*st, job, best, now);
+    if (!peer && best) target = best->s.lock();
+    if (target) {
+      std::weak_ptr<impl> weak = shared_from_this();
+      std::weak_ptr<session::impl> weak_s = target;
+      auto task = o.task.task;
+      auto serial = ++st->offers_made;
+      std::weak_ptr<detail::ns_state> weak_st = st;
+      auto lapse = clk->call_at(o.lapses_at, [weak, weak_st, weak_s, task, serial] {
+        auto self = weak.lock();
+        auto ns = weak_st.lock();
+        if (!self || !ns) return;
+        self->post([self, ns, weak_s, task, serial] {
+          std::shared_ptr<const offer> lapsed;
+          {
+            std::lock_guard held(ns->mu);
+            auto s = weak_s.lock();
+            if (!s) return;
+            auto wit = ns->workers.find(s.get());
+            if (wit == ns->workers.end()) return;
+            auto it = wit->second.offers.find(task);
+            if (it == wit->second.offers.end() || it->second.serial != serial) return;
+            lapsed = std::move(it->second.o);
+            wit->second.offers.erase(it);
+          }
+          self->offer_done(ns, *lapsed, false);
+        });
+      });
+      // A redelivery of a task still on offer here (it came back before the offer lapsed
+      // on this gateway's clock) replaces the offer and its lapse.
+      detail::open_offer fresh{.o = shared, .lapse = lapse, .serial = serial};
+      auto [it, added] = best->offers.try_emplace(o.task.task, std::move(fresh));
+      if (!added) {
+        clk->cancel(it->second.lapse);
+        it->second = std::move(fresh);
+      }
+    }
+  }
+  if (peer) {
+    if (hand_over(*st, *peer, o)) return;
+    return place_offer(st, job, std::move(shared), false);  // not sent: here after all
+  }
+  if (!target) {
+    (void)timed([&] { return st->b->jobs().release(o); });
+    return;
+  }
+  metrics.offer();
+  detail::push(*target, offer_frame(o), "offer");
 }
 
 void gateway::impl::offer_done(const std::shared_ptr<detail::ns_state>& st, const offer& o,
@@ -461,6 +475,10 @@ result<std::shared_ptr<gateway>> gateway::open(gateway_options options) {
   if (!auth) return error(errc::bad_request, auth.error().message());
 
   auto p = std::make_shared<impl>();
+  {
+    std::random_device rd;
+    p->id = fmt::format("{:08x}{:08x}", rd(), rd());
+  }
   for (const auto& [type, path] : c.schemas) {
     auto key = fmt::format("schemas.{}", type);
     auto text = read_file(key, path);

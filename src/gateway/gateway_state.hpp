@@ -51,6 +51,30 @@ struct worker {
   int busy() const { return static_cast<int>(offers.size() + leases.size()) + claiming; }
 };
 
+// A worker of another gateway (one of its sessions), as that gateway last told
+// (work_exchange.cpp).
+struct remote_worker {
+  std::string who;  // the participant
+  std::vector<job_name> jobs;
+  int slots = 0;
+  int busy = 0;  // raised here by each offer handed to it, until that gateway tells again
+  time_point heard{};
+};
+
+// Another gateway serving the namespace, with workers.
+struct peer_gateway {
+  std::map<std::string, remote_worker, std::less<>> workers;  // by that gateway's key
+  time_point heard{};
+};
+
+// What this gateway last told the others of one of its workers.
+struct told_worker {
+  std::vector<job_name> jobs;
+  int slots = 0;
+  int busy = 0;
+  bool operator==(const told_worker&) const = default;
+};
+
 // One namespace served by this gateway: its broker, the registry as this gateway sees it,
 // and the job work of its sessions.
 struct ns_state {
@@ -65,6 +89,16 @@ struct ns_state {
   std::set<std::string, std::less<>> fetching;     // jobs with a fetch in flight
   std::set<std::string, std::less<>> retry_armed;  // jobs waiting to fetch again after an error
   std::uint64_t offers_made = 0;                   // numbers the open offers
+
+  // The other gateways of the namespace and their workers (work_exchange.cpp).
+  std::unique_ptr<subscription> work_heard;                // amp.<ns>.ctl.work
+  std::unique_ptr<subscription> work_handed;               // amp.<ns>.ctl.work.<this gateway>
+  std::map<std::string, peer_gateway, std::less<>> peers;  // by gateway id
+  std::map<const void*, told_worker> told;                 // the registered workers as last told
+  bool announced = false;  // said hello: it has registered workers, and the others know it
+  bool telling = false;    // a telling is on its way to the executor
+  bool tell_all = false;   // and it tells all the workers here
+  timer_id refresh = 0;
 
   explicit ns_state(namespace_name n) : ns(std::move(n)) {}
 };
@@ -146,6 +180,39 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
   // handed back: the consumer's AckWait brings it again, and by then another gateway may
   // have it, so a nak could only disturb that one.
   void offer_done(const std::shared_ptr<detail::ns_state>& ns, const offer& o, bool release);
+  // Offers `o` to the least loaded eligible worker of this gateway or, when `may_hand` and
+  // a worker of another gateway is less loaded, hands it to that gateway; with no taker,
+  // hands it back to the queue. Never blocks.
+  void place_offer(const std::shared_ptr<detail::ns_state>& ns, const job_name& job,
+                   std::shared_ptr<const offer> o, bool may_hand);
+
+  // ---- the gateways of a namespace as one broker (spec §13; work_exchange.cpp) ----
+  // This gateway's id among the others: a subject token.
+  std::string id;
+  // Hears what the other gateways of `ns` say of their workers, and the offers they hand
+  // to this one's; starts telling them of this one's. Blocks (two subscriptions).
+  result<void> open_exchange(const std::shared_ptr<detail::ns_state>& ns);
+  // The workers of `ns` here may have changed: tells the other gateways, on the executor,
+  // once for any number of calls meanwhile: a hello when the first registers, a bye when
+  // the last leaves, and what changed while other gateways with workers are known. Cheap
+  // when nothing changed; any thread; `ns.mu` not held.
+  // With `all`, every worker is told, changed or not, and whether or not another gateway is
+  // known.
+  void workers_changed(const std::shared_ptr<detail::ns_state>& ns, bool all = false);
+  // The other gateway whose worker should take an offer of `job` rather than `local` (the
+  // best eligible worker here, or null): one less loaded (busy/slots), live in the
+  // registry. Counts the offer against that worker. `ns.mu` held.
+  std::optional<std::string> hand_to(detail::ns_state& ns, const job_name& job,
+                                     const detail::worker* local, time_point now);
+  // `op` (`lease_lost` or `cancelled`) for `holder`, who has no session here: the other
+  // gateways push it to the holder's sessions there, once the task's record confirms it.
+  void tell_holder_elsewhere(detail::ns_state& ns, std::string_view op,
+                             const participant_name& holder, const task_id& task);
+  // What another gateway said with `tell_holder_elsewhere` (`data`: `{"task","holder"}`).
+  void heard_of_holder(const std::shared_ptr<detail::ns_state>& ns, std::string_view op,
+                       std::string_view data);
+  // Sends `o` to gateway `peer`; false when it could not be sent.
+  bool hand_over(detail::ns_state& ns, const std::string& peer, const offer& o);
   // Times a backend call into `amp_backend_seconds`.
   template <class F>
   auto timed(F&& f) {

@@ -48,6 +48,9 @@ std::string gateway_metrics::render(std::int64_t connections) const {
                    "Task state transitions made through this gateway, by new state.");
   header(out, "amp_offers_total", "counter", "Offers sent to workers.");
   out += fmt::format("amp_offers_total {}\n", offers_.load());
+  header(out, "amp_offers_handed_total", "counter",
+         "Fetched tasks handed to another gateway for a less loaded worker there.");
+  out += fmt::format("amp_offers_handed_total {}\n", offers_handed_.load());
   header(out, "amp_lease_expiries_total", "counter", "Leases that ran out without a heartbeat.");
   out += fmt::format("amp_lease_expiries_total {}\n", lease_expiries_.load());
   header(out, "amp_slow_consumers_total", "counter",

@@ -22,6 +22,7 @@ class gateway_metrics {
   void error(std::string_view code) { count(errors_, code); }
   void transition(std::string_view to) { count(transitions_, to); }
   void offer() { offers_.fetch_add(1, std::memory_order_relaxed); }
+  void offer_handed() { offers_handed_.fetch_add(1, std::memory_order_relaxed); }
   void lease_expiry() { lease_expiries_.fetch_add(1, std::memory_order_relaxed); }
   void slow_consumer() { slow_consumers_.fetch_add(1, std::memory_order_relaxed); }
   /// Counts one more session unless `max` are open already; false then.
@@ -52,7 +53,7 @@ class gateway_metrics {
   std::array<std::uint64_t, k_buckets.size()> backend_buckets_{};
   std::uint64_t backend_count_ = 0;
   double backend_sum_ = 0;
-  std::atomic<std::uint64_t> offers_{0}, lease_expiries_{0}, slow_consumers_{0};
+  std::atomic<std::uint64_t> offers_{0}, offers_handed_{0}, lease_expiries_{0}, slow_consumers_{0};
   std::atomic<std::int64_t> sessions_{0};
 };
 

@@ -158,6 +158,7 @@ void session::impl::on_bye(request& rq) {
         [&] { return st->b->jobs().release_lease(task_id::make(task).value(), me.participant); });
     if (released) lease_over(st, task, released->job);
   }
+  gw->workers_changed(st);
   reply_ok(rq);
   request_close(close_code::normal, "bye");
   gw->log("info", "bye",
@@ -213,6 +214,7 @@ void session::impl::on_closed() {
   for (auto& o : offers) {
     g->post([g, st, o = std::move(o)] { g->offer_done(st, *o, true); });
   }
+  g->workers_changed(st);
   if (was_counted) g->log("info", "session_closed", fmt::format("\"session\":{}", json_quote(id)));
 }
 

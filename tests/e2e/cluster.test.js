@@ -1,8 +1,8 @@
 'use strict';
 // Two amp-servers on one NATS (spec §5, §7, §8 "Budgets hold across several gateways", §13):
 // messages cross from one to the other and reach a participant's sessions on both, workers on
-// both share the tasks, a cancel reaches
-// the holder on the other server, budgets are shared, presence is seen on both. JetStream only: the memory transport lives in one
+// both share the tasks, the least loaded first whichever server fetched it, a cancel and a
+// lost lease reach the holder on the other server, budgets are shared, presence is seen on both. JetStream only: the memory transport lives in one
 // process.
 
 const { describe, it, before, after } = require('node:test');
@@ -11,7 +11,7 @@ const assert = require('node:assert/strict');
 const { Env, delay, suiteOptions, transports, uniqueNs } = require('./lib/harness');
 
 const CONFIG = {
-  jobs: { '*': { lease_s: 30, max_attempts: 3, decline_delay_ms: 100 } },
+  jobs: { '*': { lease_s: 30, max_attempts: 3, decline_delay_ms: 100 }, quick: { lease_s: 2, max_attempts: 3 } },
   policy: { participants: { budgeted: { budget: { per_day: 4 } } } },
 };
 
@@ -132,6 +132,39 @@ describe('two amp-servers on one NATS (jetstream)', options, () => {
     assert.equal(perWorker.wa + perWorker.wb, N);
   });
 
+  it('an offer goes to the least loaded worker, whichever server it is on (§7, §13)', async () => {
+    const ns = uniqueNs();
+    const submitter = await env.connect(a, ns, 'submitter');
+    const watcher = await env.connect(a, ns, 'watcher');
+    await watcher.ok('watch');
+    const w1 = await env.connect(a, ns, 'w1');
+    await w1.ok('register', { jobs: ['resize'], slots: 4 });
+    for (let i = 0; i < 2; i++) {
+      const task = (await submitter.ok('submit', { job: 'resize', body: i })).task;
+      assert.equal((await w1.next('offer', 10000)).task, task);
+      await w1.ok('claim', { task });
+    }
+    // w2 on server B, idle: server A hears of it (the registry, and B's word on its workers).
+    const w2 = await env.connect(b, ns, 'w2');
+    await w2.ok('register', { jobs: ['resize'], slots: 4 });
+    await watcher.next('presence', 10000, (p) => p.participant === 'w2' && p.state === 'up');
+    await delay(300);
+    // 0/4 and 1/4 are less than w1's 2/4: both are w2's, whichever server fetched them.
+    const tasks = [];
+    for (let i = 0; i < 2; i++) {
+      const task = (await submitter.ok('submit', { job: 'resize', body: 10 + i })).task;
+      tasks.push(task);
+      const o = await w2.next('offer', 10000);
+      assert.equal(o.task, task);
+      assert.equal(o.envelope.from, 'submitter');
+      const claimed = await w2.ok('claim', { task });
+      assert.equal(claimed.attempt, 1);
+    }
+    await delay(200);
+    assert.deepEqual(w1.queued('offer'), []);
+    for (const task of tasks) assert.equal((await w2.ok('complete', { task, result: 'b' })).state, 'completed');
+  });
+
   it('a task cancelled through server A: its worker on server B is told at once (§7, §13)', async () => {
     const ns = uniqueNs();
     const alice = await env.connect(a, ns, 'alice');
@@ -148,6 +181,26 @@ describe('two amp-servers on one NATS (jetstream)', options, () => {
     // No longer a lease of the worker's session.
     assert.deepEqual((await w.ok('heartbeat')).leases, []);
     assert.deepEqual(w.queued('lease_lost'), []);
+  });
+
+  it("a holder whose session on the lease's server is gone hears lease_lost and cancelled on the other (§7, §13)", async () => {
+    const ns = uniqueNs();
+    const alice = await env.connect(b, ns, 'alice');
+    const onA = await env.connect(a, ns, 'worker');
+    await onA.ok('register', { jobs: ['quick'], slots: 2 });
+    const claimed = [];
+    for (let i = 0; i < 2; i++) {
+      const task = (await alice.ok('submit', { job: 'quick', body: i })).task;
+      assert.equal((await onA.next('offer', 10000)).task, task);
+      await onA.ok('claim', { task });
+      claimed.push(task);
+    }
+    const onB = await env.connect(b, ns, 'worker');
+    await onA.close(); // the leases stay with server A's job queue
+    await alice.ok('cancel', { task: claimed[0] });
+    assert.deepEqual(await onB.next('cancelled', 5000), { op: 'cancelled', task: claimed[0] });
+    // The other lease (2 s) runs out on server A: its holder is told on server B.
+    assert.deepEqual(await onB.next('lease_lost', 10000), { op: 'lease_lost', task: claimed[1] });
   });
 
   it('a budget holds across the two servers', async () => {

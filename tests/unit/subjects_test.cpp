@@ -99,8 +99,11 @@ TEST_CASE("the NATS mapping spells streams, subjects, consumers and keys as docu
   REQUIRE(subjects::inbox_control_subject(ns, bob) == "amp.demo.ctl.inbox.bob");
   CHECK(subjects::subject_matches(subjects::inbox_control_subjects(ns),
                                   subjects::inbox_control_subject(ns, bob)));
+  REQUIRE(subjects::work_control_subject(ns) == "amp.demo.ctl.work");
+  REQUIRE(subjects::work_offer_subject(ns, "0a1b") == "amp.demo.ctl.work.0a1b");
   for (const auto& control :
-       {subjects::task_control_subject(ns), subjects::inbox_control_subjects(ns)}) {
+       {subjects::task_control_subject(ns), subjects::inbox_control_subjects(ns),
+        subjects::work_control_subject(ns), subjects::work_offer_subject(ns, "0a1b")}) {
     for (const auto& captured : {subjects::inbox_subjects(ns), subjects::job_subjects(ns),
                                  subjects::ended_subject(ns), subjects::topic_subjects(ns)}) {
       CHECK_FALSE(subjects::filters_overlap(captured, control));
@@ -108,6 +111,10 @@ TEST_CASE("the NATS mapping spells streams, subjects, consumers and keys as docu
   }
   CHECK_FALSE(subjects::filters_overlap(subjects::task_control_subject(ns),
                                         subjects::inbox_control_subjects(ns)));
+  CHECK_FALSE(subjects::filters_overlap(subjects::work_control_subject(ns),
+                                        subjects::work_offer_subject(ns, "0a1b")));
+  CHECK_FALSE(subjects::filters_overlap(subjects::inbox_control_subjects(ns),
+                                        subjects::work_offer_subject(ns, "0a1b")));
 
   REQUIRE(subjects::topics_stream(ns) == "AMP_TOPICS_demo");
   REQUIRE(subjects::topic_subjects(ns) == "amp.demo.topic.>");

@@ -150,14 +150,12 @@ struct gateway_rig {
       const std::function<std::shared_ptr<transport>(std::shared_ptr<transport>)>& wrap = {},
       std::size_t workers = 16) {
     if (wrap) backend = wrap(backend);
-    config.auth.secret = std::string(k_secret);
-    if (tweak) tweak(config);
-    gw = must(gateway::open({.config = config,
-                             .backend = backend,
-                             .server_name = "amp-test/1",
-                             .run = std::move(run),
-                             .workers = workers,
-                             .outbound_limit_bytes = outbound_limit}));
+    open_gateway(tweak, outbound_limit, std::move(run), workers);
+  }
+  /// Another gateway on `first`'s clock and transport: another server of the same broker.
+  gateway_rig(const gateway_rig& first, const std::function<void(server_config&)>& tweak)
+      : clock(first.clock), backend(first.backend) {
+    open_gateway(tweak, 4u << 20, inline_executor(), 16);
   }
   // `shutdown` waits for the gateway's fetches, which wait a second of this clock: it runs
   // beside a thread that lets the clock go on.
@@ -166,6 +164,18 @@ struct gateway_rig {
     while (done.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) {
       clock->advance(std::chrono::milliseconds(250));
     }
+  }
+
+  void open_gateway(const std::function<void(server_config&)>& tweak, std::size_t outbound_limit,
+                    executor run, std::size_t workers) {
+    config.auth.secret = std::string(k_secret);
+    if (tweak) tweak(config);
+    gw = must(gateway::open({.config = config,
+                             .backend = backend,
+                             .server_name = "amp-test/1",
+                             .run = std::move(run),
+                             .workers = workers,
+                             .outbound_limit_bytes = outbound_limit}));
   }
 
   std::string token(std::string_view sub, std::string_view grants = k_all_grants,
