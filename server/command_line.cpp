@@ -53,6 +53,8 @@ server with a message naming the key):
   nats.creds                   null               NATS credentials file
   nats.replicas                1                  1..5
   nats.storage                 "file"             "file" or "memory"
+  nats.domain                  null               the JetStream domain (a leaf node's
+                                                  server names the hub's)
   auth.alg                     "HS256"            "HS256" or "EdDSA"
   auth.secret                  null               HS256 shared secret, >= 32 bytes
   auth.secret_file             null               HS256: a file holding the secret

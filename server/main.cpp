@@ -126,6 +126,7 @@ int run(const std::vector<std::string>& args) {
     auto connected =
         amp::jetstream_transport::connect({.url = config.nats->url,
                                            .creds_file = config.nats->creds.value_or(""),
+                                           .domain = config.nats->domain.value_or(""),
                                            .name = "amp-server",
                                            .on_handler_error = handler_error});
     if (!connected) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -500,10 +501,11 @@ result<void> apply_nats(dom::element e, const std::string& path,
   }
   auto& n = nats ? *nats : nats.emplace(server_config::nats_section{});
   return for_members(
-      e, path, {"url", "creds", "replicas", "storage"},
+      e, path, {"url", "creds", "replicas", "storage", "domain"},
       [&](std::string_view k, dom::element x, const std::string& q) -> result<void> {
         if (k == "url") return set_text(x, q, n.url);
         if (k == "creds") return set_optional_text(x, q, n.creds);
+        if (k == "domain") return set_optional_text(x, q, n.domain);
         if (k == "replicas") return set_int(x, q, k_replicas, n.replicas);
         std::string_view s;
         if (!x.get_string().get(s) && (s == "file" || s == "memory")) {
@@ -883,6 +885,17 @@ result<void> check_server_config(const server_config& c) {
     }
     if (auto r = check_text("nats.creds", c.nats->creds); !r) return r;
     if (auto r = check_int("nats.replicas", c.nats->replicas, k_replicas); !r) return r;
+    if (const auto& d = c.nats->domain) {
+      const bool ok =
+          !d->empty() && d->size() <= 64 && std::all_of(d->begin(), d->end(), [](char ch) {
+            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
+          });
+      if (!ok) {
+        return fail(
+            fmt::format("nats.domain: must be 1 to 64 letters, digits, - or _, or null; not {}",
+                        amp::quoted(*d)));
+      }
+    }
   }
 
   // auth

@@ -119,6 +119,7 @@ TEST_CASE("--help lists every flag and configuration key and exits 0", "[server]
                           "nats.creds",
                           "nats.replicas",
                           "nats.storage",
+                          "nats.domain",
                           "auth.alg",
                           "auth.secret",
                           "auth.secret_file",

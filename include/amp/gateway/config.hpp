@@ -18,6 +18,8 @@
 /// - `nats.creds` (`null`): a NATS credentials file.
 /// - `nats.replicas` (`1`): 1..5.
 /// - `nats.storage` (`"file"`): `"file"` or `"memory"`.
+/// - `nats.domain` (`null`): the JetStream domain to use (a leaf node's amp-server names the
+///   hub's), 1..64 letters, digits, `-` or `_`.
 /// - `auth.alg` (`"HS256"`): `"HS256"` or `"EdDSA"`.
 /// - `auth.secret`, `auth.secret_file` (`null`): HS256, the shared secret or a file
 ///   holding it.
@@ -200,6 +202,7 @@ struct server_config {
     std::optional<std::string> creds;           ///< `nats.creds`: credentials file
     int replicas = 1;                           ///< `nats.replicas`: 1..5
     storage_type storage = storage_type::file;  ///< `nats.storage`: "file" or "memory"
+    std::optional<std::string> domain;          ///< `nats.domain`: JetStream domain
 
     friend bool operator==(const nats_section&, const nats_section&) = default;
   };

@@ -81,6 +81,10 @@ struct jetstream_options {
   std::string url = "nats://127.0.0.1:4222";
   /// A NATS credentials file (JWT and NKey seed), if the server requires one.
   std::string creds_file{};
+  /// The JetStream domain to use (`$JS.<domain>.API`), for a JetStream reached through a
+  /// leaf node or in another domain of a supercluster; empty: the server's own. Letters,
+  /// digits, `-` and `_` (`bad_request` otherwise).
+  std::string domain{};
   /// Connection name shown by the server's monitoring.
   std::string name = "amp";
   /// Every operation completes within this time (`unavailable` when the server does not

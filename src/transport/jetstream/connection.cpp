@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstring>
 #include <thread>
 
+#include "amp/names.hpp"
 #include "detail/wait_for.hpp"
 
 namespace amp::jetstream_detail {
@@ -109,6 +111,19 @@ result<void> connection::open(const jetstream_options& o) {
   natsOptions_SetPingInterval(opts, 2000);
   natsOptions_SetMaxPingsOut(opts, 2);
   natsOptions_SetMaxPendingMsgs(opts, 1 << 20);
+  if (!o.domain.empty()) {
+    const bool ok =
+        o.domain.size() <= 64 && std::all_of(o.domain.begin(), o.domain.end(), [](char ch) {
+          return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
+        });
+    if (!ok) {
+      return unexpected(errc::bad_request,
+                        fmt::format("bad JetStream domain {}: letters, digits, - and _ only",
+                                    amp::quoted(o.domain)));
+    }
+    api_prefix_ = fmt::format("$JS.{}.API.", o.domain);
+    domain_ = o.domain;
+  }
   if (!o.creds_file.empty() &&
       natsOptions_SetUserCredentialsFromFiles(opts, o.creds_file.c_str(), nullptr) != NATS_OK) {
     return unexpected(errc::bad_request,
@@ -123,6 +138,7 @@ result<void> connection::open(const jetstream_options& o) {
   jsOptions jo;
   jsOptions_Init(&jo);
   jo.Wait = std::max<std::int64_t>(1, to_ms(op_timeout_));
+  if (!domain_.empty()) jo.Domain = domain_.c_str();
   if (natsConnection_JetStream(&js_, nc_, &jo) != NATS_OK) {
     return unexpected(errc::internal, "cannot create a JetStream context");
   }
@@ -168,12 +184,24 @@ result<void> connection::send(const std::string& subject, std::string_view data,
       if (auto self = weak.lock()) self->expire(token);
     });
   }
-  auto s = publish_raw(subject, reply.c_str(), data, headers);
+  auto s = api_prefix_.empty() ? publish_raw(subject, reply.c_str(), data, headers)
+                               : publish_raw(routed(subject), reply.c_str(), data, headers);
   if (s != NATS_OK) {
     forget(token);
     return unexpected(status_error(s, 0, fmt::format("send to {}", subject)));
   }
   return {};
+}
+
+std::string connection::routed(const std::string& subject) const {
+  if (api_prefix_.empty()) return subject;
+  // JetStream API requests go to the domain's API. So do KV writes: nats-server denies
+  // `$KV.>` across leaf connections between domains, and takes them in by the domain's
+  // API prefix (`$JS.<domain>.API.$KV.<bucket>.<key>`).
+  constexpr std::string_view k_api = "$JS.API.";
+  if (subject.starts_with(k_api)) return api_prefix_ + subject.substr(k_api.size());
+  if (subject.starts_with("$KV.")) return api_prefix_ + subject;
+  return subject;
 }
 
 natsStatus connection::publish_raw(const std::string& subject, const char* reply,

@@ -81,6 +81,8 @@ class connection : public detail::write_sink, public std::enable_shared_from_thi
   jsCtx* js() const { return js_; }
   const std::shared_ptr<amp::clock>& clock() const { return clock_; }
   duration op_timeout() const { return op_timeout_; }
+  // The JetStream domain, or empty (jetstream_options::domain).
+  const std::string& domain() const { return domain_; }
   const std::shared_ptr<const detail::handler_error_sink>& sink() const { return sink_; }
   time_point deadline() const { return clock_->now() + op_timeout_; }
 
@@ -96,6 +98,9 @@ class connection : public detail::write_sink, public std::enable_shared_from_thi
 
   natsStatus publish_raw(const std::string& subject, const char* reply, std::string_view data,
                          const header_list* headers);
+  // Where a request to `subject` goes: JetStream API requests and KV writes by the domain's
+  // API prefix when there is a domain (jetstream_options::domain); anything else as it is.
+  std::string routed(const std::string& subject) const;
 
   // Writes what cnats has buffered (detail::write_sink).
   void flush_writes() noexcept override;
@@ -166,6 +171,9 @@ class connection : public detail::write_sink, public std::enable_shared_from_thi
   jsCtx* js_ = nullptr;
   natsSubscription* mux_sub_ = nullptr;
   std::string prefix_;
+  // "$JS.<domain>.API." with a domain (JetStream API requests are sent there), else empty.
+  std::string api_prefix_;
+  std::string domain_;
   std::atomic<std::uint64_t> last_token_{0};
   std::mutex mu_;
   std::unordered_map<std::uint64_t, std::shared_ptr<pending_request>> pending_;

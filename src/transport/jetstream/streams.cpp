@@ -582,6 +582,7 @@ result<std::unique_ptr<subscription>> jetstream_backend::subscribe_push(
   jsOptions jo;
   jsOptions_Init(&jo);
   jo.Wait = std::max<std::int64_t>(1, to_ms(conn_->op_timeout()));
+  if (!conn_->domain().empty()) jo.Domain = conn_->domain().c_str();
   auto s = js_Subscribe(&ns, conn_->js(), filter.empty() ? nullptr : filter.c_str(), &on_push, st,
                         &jo, &so, &ec);
   if (s != NATS_OK) {

@@ -231,9 +231,13 @@ function ampBinary() {
   return p;
 }
 
-/** A nats-server with JetStream on a free loopback port, its store in a temporary directory. */
+/**
+ * A nats-server with JetStream on a free loopback port, its store in a temporary directory.
+ * With `conf`, the server runs from the configuration file `conf({port, store})` returns
+ * (it may be async, to take more free ports) instead: what it sets up is up to it.
+ */
 class NatsServer {
-  static async start() {
+  static async start({ conf } = {}) {
     const binary = natsBinary();
     if (!binary) throw new Error('nats-server not found: set NATS_SERVER');
     let lastError;
@@ -241,7 +245,12 @@ class NatsServer {
       const dir = makeTempDir('nats');
       const store = path.join(dir, 'store');
       const port = await freePort();
-      const args = ['-js', '-a', '127.0.0.1', '-p', String(port), '-sd', store];
+      let args = ['-js', '-a', '127.0.0.1', '-p', String(port), '-sd', store];
+      if (conf) {
+        const file = path.join(dir, 'nats.conf');
+        fs.writeFileSync(file, await conf({ port, store }));
+        args = ['-c', file];
+      }
       const child = new Child('nats-server', binary, args, dir);
       try {
         await child.waitForOutput('Server is ready', 15000);

@@ -365,6 +365,12 @@ TEST_CASE("a value of the wrong type is refused with its path", "[config]") {
         "nats.url: must be a non-empty string without NUL, not 4222");
   CHECK(error_of(R"({"nats": {"storage": "ssd"}})") ==
         R"(nats.storage: must be "file" or "memory", not "ssd")");
+  CHECK(error_of(R"({"nats": {"domain": "a.b"}})") ==
+        R"(nats.domain: must be 1 to 64 letters, digits, - or _, or null; not "a.b")");
+  CHECK(error_of(R"({"nats": {"domain": ""}})") ==
+        R"(nats.domain: must be a non-empty string without NUL, or null; not "")");
+  CHECK(error_of(R"({"nats": {"domain": "hub>"}})") ==
+        R"(nats.domain: must be 1 to 64 letters, digits, - or _, or null; not "hub>")");
   CHECK(error_of(R"({"tls": "yes"})") == R"(tls: must be an object or null, not "yes")");
   CHECK(error_of(R"({"tls": {"cert": ""}})") ==
         R"(tls.cert: must be a non-empty string without NUL, or null; not "")");

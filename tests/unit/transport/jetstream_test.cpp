@@ -26,6 +26,25 @@ TEST_CASE("connect errors name the URL without its password", "[jetstream]") {
   CHECK(r.error().message().find("nats://amp:***@127.0.0.1:1") != std::string::npos);
 }
 
+TEST_CASE("a JetStream domain that is not one subject token is bad_request before connecting",
+          "[jetstream]") {
+  for (const char* domain : {"a.b", "hub>", "*", "a b", "h\u00e9"}) {
+    INFO(domain);
+    auto r = amp::jetstream_transport::connect({.url = "nats://127.0.0.1:1",
+                                                .domain = domain,
+                                                .connect_timeout = std::chrono::milliseconds(200)});
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code() == amp::errc::bad_request);
+    CHECK(r.error().message().find("domain") != std::string::npos);
+  }
+  // A good one gets as far as connecting (nothing listens on port 1).
+  auto r = amp::jetstream_transport::connect({.url = "nats://127.0.0.1:1",
+                                              .domain = "hub-1_b",
+                                              .connect_timeout = std::chrono::milliseconds(200)});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code() == amp::errc::unavailable);
+}
+
 TEST_CASE("handled NATS messages are freed without cnats's collector thread", "[jetstream]") {
   using namespace amp::jetstream_detail;
   REQUIRE(nats_Open(-1) == NATS_OK);
