@@ -55,6 +55,9 @@ server with a message naming the key):
   nats.storage                 "file"             "file" or "memory"
   nats.domain                  null               the JetStream domain (a leaf node's
                                                   server names the hub's)
+  nats.tls.ca                  null               TLS to NATS: CA file (PEM); any nats.tls
+                                                  key or a tls:// URL makes it TLS
+  nats.tls.cert, nats.tls.key  null               client certificate and key (both)
   auth.alg                     "HS256"            "HS256" or "EdDSA"
   auth.secret                  null               HS256 shared secret, >= 32 bytes
   auth.secret_file             null               HS256: a file holding the secret

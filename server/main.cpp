@@ -59,6 +59,7 @@ void warn_about_readable_secrets(const amp::server::run_options& options,
   if (c.tls.key) files.emplace_back("tls.key", *c.tls.key);
   if (c.auth.secret_file) files.emplace_back("auth.secret_file", *c.auth.secret_file);
   if (c.nats && c.nats->creds) files.emplace_back("nats.creds", *c.nats->creds);
+  if (c.nats && c.nats->tls_key) files.emplace_back("nats.tls.key", *c.nats->tls_key);
   if (options.config_file_has_secret) files.emplace_back("config", *options.config_file);
   for (const auto& [key, path] : files) {
     struct stat st {};
@@ -127,6 +128,9 @@ int run(const std::vector<std::string>& args) {
         amp::jetstream_transport::connect({.url = config.nats->url,
                                            .creds_file = config.nats->creds.value_or(""),
                                            .domain = config.nats->domain.value_or(""),
+                                           .tls_ca = config.nats->tls_ca.value_or(""),
+                                           .tls_cert = config.nats->tls_cert.value_or(""),
+                                           .tls_key = config.nats->tls_key.value_or(""),
                                            .name = "amp-server",
                                            .on_handler_error = handler_error});
     if (!connected) {

@@ -501,11 +501,26 @@ result<void> apply_nats(dom::element e, const std::string& path,
   }
   auto& n = nats ? *nats : nats.emplace(server_config::nats_section{});
   return for_members(
-      e, path, {"url", "creds", "replicas", "storage", "domain"},
+      e, path, {"url", "creds", "replicas", "storage", "domain", "tls"},
       [&](std::string_view k, dom::element x, const std::string& q) -> result<void> {
         if (k == "url") return set_text(x, q, n.url);
         if (k == "creds") return set_optional_text(x, q, n.creds);
         if (k == "domain") return set_optional_text(x, q, n.domain);
+        if (k == "tls") {
+          if (x.is_null()) {
+            n.tls_ca = n.tls_cert = n.tls_key = std::nullopt;
+            return {};
+          }
+          return for_members(
+              x, q, {"ca", "cert", "key"},
+              [&](std::string_view tk, dom::element y, const std::string& tq) {
+                return set_optional_text(y, tq,
+                                         tk == "ca"     ? n.tls_ca
+                                         : tk == "cert" ? n.tls_cert
+                                                        : n.tls_key);
+              },
+              nullable::yes);
+        }
         if (k == "replicas") return set_int(x, q, k_replicas, n.replicas);
         std::string_view s;
         if (!x.get_string().get(s) && (s == "file" || s == "memory")) {
@@ -885,6 +900,13 @@ result<void> check_server_config(const server_config& c) {
     }
     if (auto r = check_text("nats.creds", c.nats->creds); !r) return r;
     if (auto r = check_int("nats.replicas", c.nats->replicas, k_replicas); !r) return r;
+    if (auto r = check_text("nats.tls.ca", c.nats->tls_ca); !r) return r;
+    if (auto r = check_text("nats.tls.cert", c.nats->tls_cert); !r) return r;
+    if (auto r = check_text("nats.tls.key", c.nats->tls_key); !r) return r;
+    if (c.nats->tls_cert && !c.nats->tls_key)
+      return fail("nats.tls.key: required when nats.tls.cert is given");
+    if (c.nats->tls_key && !c.nats->tls_cert)
+      return fail("nats.tls.cert: required when nats.tls.key is given");
     if (const auto& d = c.nats->domain) {
       const bool ok =
           !d->empty() && d->size() <= 64 && std::all_of(d->begin(), d->end(), [](char ch) {
@@ -1040,7 +1062,11 @@ result<server_config> load_server_config(const std::string& path) {
   for (auto* p : {&c.tls.cert, &c.tls.key, &c.auth.secret_file, &c.auth.public_key_file}) {
     if (*p) *p = resolve_path(base, **p);
   }
-  if (c.nats && c.nats->creds) c.nats->creds = resolve_path(base, *c.nats->creds);
+  if (c.nats) {
+    for (auto* p : {&c.nats->creds, &c.nats->tls_ca, &c.nats->tls_cert, &c.nats->tls_key}) {
+      if (*p) *p = resolve_path(base, **p);
+    }
+  }
   for (auto& [type, file] : c.schemas) file = resolve_path(base, file);
   return parsed;
 }

@@ -8,6 +8,7 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 
 #include <websocketpp/config/asio_client.hpp>
 #include <websocketpp/config/asio_no_tls_client.hpp>
@@ -61,8 +62,8 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-/// A self-signed certificate for 127.0.0.1 and its P-256 key, as PEM files in `dir`; with
-/// `passphrase`, the key is encrypted with it.
+/// A self-signed certificate for 127.0.0.1 (its CN and subjectAltName) and its P-256 key, as PEM
+/// files in `dir`; with `passphrase`, the key is encrypted with it.
 void write_self_signed(const temp_dir& dir, const char* passphrase = nullptr) {
   struct pkey_free {
     void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
@@ -86,6 +87,12 @@ void write_self_signed(const temp_dir& dir, const char* passphrase = nullptr) {
   X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
                              reinterpret_cast<const unsigned char*>("127.0.0.1"), -1, -1, 0);
   X509_set_issuer_name(cert.get(), name);
+  // The address as a subjectAltName too: clients that check it (cnats) find it there.
+  X509_EXTENSION* san = X509V3_EXT_conf_nid(nullptr, nullptr, NID_subject_alt_name,
+                                            const_cast<char*>("IP:127.0.0.1"));
+  REQUIRE(san);
+  REQUIRE(X509_add_ext(cert.get(), san, -1) == 1);
+  X509_EXTENSION_free(san);
   REQUIRE(X509_sign(cert.get(), key.get(), EVP_sha256()) > 0);
   const auto cert_path = (dir.path() / "cert.pem").string();
   const auto key_path = (dir.path() / "key.pem").string();
@@ -120,6 +127,8 @@ TEST_CASE("--help lists every flag and configuration key and exits 0", "[server]
                           "nats.replicas",
                           "nats.storage",
                           "nats.domain",
+                          "nats.tls.ca",
+                          "nats.tls.cert",
                           "auth.alg",
                           "auth.secret",
                           "auth.secret_file",
@@ -532,4 +541,75 @@ TEST_CASE("a subscriber that does not read cannot grow the server's memory", "[s
   for (const auto& t : seen.texts) dropped = dropped || contains(t, "\"op\":\"sub_dropped\"");
   INFO("frames read " << seen.texts.size() << ", close " << seen.close_code);
   CHECK((dropped || seen.close_code == 1008));
+}
+
+TEST_CASE("TLS to NATS: nats.tls.ca verifies the server's certificate", "[server][nats][tls]") {
+  temp_dir dir;
+  write_self_signed(dir);  // the NATS server's certificate, and the CA the client trusts
+  const auto cert = (dir.path() / "cert.pem").string();
+  const auto key = (dir.path() / "key.pem").string();
+  amp::testing::nats_server::options o;
+  o.jetstream = false;  // the harness's readiness check speaks plain NATS: JetStream set here
+  o.extra_config = "jetstream { store_dir: \"" + (dir.path() / "store").string() + "\" }\n" +
+                   "tls { cert_file: \"" + cert + "\", key_file: \"" + key + "\" }\n";
+  auto nats = amp::testing::nats_server::start(o);
+
+  // TLS (a tls:// URL) without the CA: the certificate cannot be verified, the server does
+  // not start. Without TLS at all, neither.
+  const auto tls_url = "tls://127.0.0.1:" + std::to_string(nats.port());
+  for (const auto& url : {tls_url, nats.url()}) {
+    INFO(url);
+    auto refused = server_process::run(with_secret({"--nats", url}));
+    CHECK(refused.status != 0);
+    CHECK(contains(refused.err, "nats: cannot connect"));
+  }
+
+  auto server = server_process::start(
+      with_secret({"--nats", nats.url(), "--set", "nats.tls.ca=\"" + cert + "\""}));
+  CHECK(contains(server.log(), "\"event\":\"backend_connected\""));
+  plain_client c(server.url(), {"amp.v1"});
+  REQUIRE(c.wait_open());
+  c.send(hello("alice", R"({"send":["*"]})"));
+  REQUIRE(c.next_op("ok"));
+  // A message through JetStream, over TLS.
+  c.send(R"({"op":"send","id":2,"to":"alice","body":"over tls"})");
+  REQUIRE(c.next_op("ok"));
+  auto m = c.next_op("message");
+  REQUIRE(m);
+  CHECK(contains(*m, "over tls"));
+  server.signal(SIGTERM);
+  CHECK(server.wait_exit(10s) == 0);
+}
+
+TEST_CASE("TLS to NATS: nats.tls.cert and nats.tls.key for a server that verifies clients",
+          "[server][nats][tls]") {
+  temp_dir dir;
+  write_self_signed(dir);  // the server's certificate, the client's, and the CA of both
+  const auto cert = (dir.path() / "cert.pem").string();
+  const auto key = (dir.path() / "key.pem").string();
+  amp::testing::nats_server::options o;
+  o.jetstream = false;
+  o.extra_config = "jetstream { store_dir: \"" + (dir.path() / "store").string() + "\" }\n" +
+                   "tls { cert_file: \"" + cert + "\", key_file: \"" + key + "\", ca_file: \"" +
+                   cert + "\", verify: true }\n";
+  auto nats = amp::testing::nats_server::start(o);
+  const auto ca = "nats.tls.ca=\"" + cert + "\"";
+  auto refused = server_process::run(with_secret({"--nats", nats.url(), "--set", ca}));
+  CHECK(refused.status != 0);
+  CHECK(contains(refused.err, "nats: cannot connect"));
+  // Only one of the pair: refused at start, naming the key.
+  auto half = server_process::run(
+      with_secret({"--nats", nats.url(), "--set", ca, "--set", "nats.tls.cert=\"" + cert + "\""}));
+  CHECK(half.status == 2);
+  CHECK(contains(half.err, "nats.tls.key: required when nats.tls.cert is given"));
+
+  ::chmod(key.c_str(), 0600);
+  auto server = server_process::start(
+      with_secret({"--nats", nats.url(), "--set", ca, "--set", "nats.tls.cert=\"" + cert + "\"",
+                   "--set", "nats.tls.key=\"" + key + "\""}));
+  CHECK(contains(server.log(), "\"event\":\"backend_connected\""));
+  CHECK(amp::testing::eventually(10s,
+                                 [&] { return http_get(server.port(), "/readyz").status == 200; }));
+  server.signal(SIGTERM);
+  CHECK(server.wait_exit(10s) == 0);
 }

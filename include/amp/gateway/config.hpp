@@ -20,6 +20,10 @@
 /// - `nats.storage` (`"file"`): `"file"` or `"memory"`.
 /// - `nats.domain` (`null`): the JetStream domain to use (a leaf node's amp-server names the
 ///   hub's), 1..64 letters, digits, `-` or `_`.
+/// - `nats.tls.ca`, `nats.tls.cert`, `nats.tls.key` (`null`): TLS to NATS: the CA file that
+///   signs the servers' certificates, and a client certificate with its key (both or
+///   neither) for servers that verify clients. Any of them, or a `tls://` URL, makes the
+///   connection TLS.
 /// - `auth.alg` (`"HS256"`): `"HS256"` or `"EdDSA"`.
 /// - `auth.secret`, `auth.secret_file` (`null`): HS256, the shared secret or a file
 ///   holding it.
@@ -203,6 +207,9 @@ struct server_config {
     int replicas = 1;                           ///< `nats.replicas`: 1..5
     storage_type storage = storage_type::file;  ///< `nats.storage`: "file" or "memory"
     std::optional<std::string> domain;          ///< `nats.domain`: JetStream domain
+    std::optional<std::string> tls_ca;          ///< `nats.tls.ca`: CA certificates (PEM)
+    std::optional<std::string> tls_cert;        ///< `nats.tls.cert`: client certificate (PEM)
+    std::optional<std::string> tls_key;         ///< `nats.tls.key`: its private key (PEM)
 
     friend bool operator==(const nats_section&, const nats_section&) = default;
   };

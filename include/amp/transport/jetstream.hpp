@@ -85,6 +85,13 @@ struct jetstream_options {
   /// leaf node or in another domain of a supercluster; empty: the server's own. Letters,
   /// digits, `-` and `_` (`bad_request` otherwise).
   std::string domain{};
+  /// TLS: the CA certificates (PEM file) that sign the servers' certificates; a client
+  /// certificate chain and its key (PEM files, both or neither) for servers that verify
+  /// clients. Any of them, or a `tls://` URL, makes the connection TLS. A file that cannot
+  /// be read or used is `bad_request`.
+  std::string tls_ca{};
+  std::string tls_cert{};
+  std::string tls_key{};
   /// Connection name shown by the server's monitoring.
   std::string name = "amp";
   /// Every operation completes within this time (`unavailable` when the server does not

@@ -124,6 +124,26 @@ result<void> connection::open(const jetstream_options& o) {
     api_prefix_ = fmt::format("$JS.{}.API.", o.domain);
     domain_ = o.domain;
   }
+  if (!o.tls_ca.empty() || !o.tls_cert.empty() || !o.tls_key.empty()) {
+    if (natsOptions_SetSecure(opts, true) != NATS_OK) {
+      return unexpected(errc::bad_request, "TLS is not available in this cnats");
+    }
+    if (!o.tls_ca.empty() &&
+        natsOptions_LoadCATrustedCertificates(opts, o.tls_ca.c_str()) != NATS_OK) {
+      return unexpected(errc::bad_request, fmt::format("cannot use TLS CA file \"{}\": {}",
+                                                       o.tls_ca, nats_GetLastError(nullptr)));
+    }
+    if (o.tls_cert.empty() != o.tls_key.empty()) {
+      return unexpected(errc::bad_request,
+                        "a TLS client certificate needs its key, and a key its certificate");
+    }
+    if (!o.tls_cert.empty() &&
+        natsOptions_LoadCertificatesChain(opts, o.tls_cert.c_str(), o.tls_key.c_str()) != NATS_OK) {
+      return unexpected(errc::bad_request,
+                        fmt::format("cannot use TLS certificate \"{}\" with key \"{}\": {}",
+                                    o.tls_cert, o.tls_key, nats_GetLastError(nullptr)));
+    }
+  }
   if (!o.creds_file.empty() &&
       natsOptions_SetUserCredentialsFromFiles(opts, o.creds_file.c_str(), nullptr) != NATS_OK) {
     return unexpected(errc::bad_request,
@@ -131,9 +151,11 @@ result<void> connection::open(const jetstream_options& o) {
   }
   auto s = natsConnection_Connect(&nc_, opts);
   if (s != NATS_OK) {
-    return unexpected(
-        errc::unavailable,
-        fmt::format("cannot connect to {}: {}", redact_nats_url(o.url), natsStatus_GetText(s)));
+    // cnats's last error says more than the status (which certificate check failed, say).
+    const char* detail = nats_GetLastError(nullptr);
+    return unexpected(errc::unavailable,
+                      fmt::format("cannot connect to {}: {}", redact_nats_url(o.url),
+                                  detail && *detail ? detail : natsStatus_GetText(s)));
   }
   jsOptions jo;
   jsOptions_Init(&jo);

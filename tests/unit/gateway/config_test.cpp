@@ -460,6 +460,13 @@ TEST_CASE("a value out of range is refused with its path and the range", "[confi
 TEST_CASE("the rules between keys are checked", "[config]") {
   CHECK(error_of(R"({"tls": {"cert": "c.pem"}})") == "tls.key: required when tls.cert is given");
   CHECK(error_of(R"({"tls": {"key": "k.pem"}})") == "tls.cert: required when tls.key is given");
+  CHECK(error_of(R"({"nats": {"tls": {"cert": "c.pem"}}})") ==
+        "nats.tls.key: required when nats.tls.cert is given");
+  CHECK(error_of(R"({"nats": {"tls": {"key": "k.pem", "ca": "ca.pem"}}})") ==
+        "nats.tls.cert: required when nats.tls.key is given");
+  CHECK(error_of(R"({"nats": {"tls": {"ca": ""}}})") ==
+        R"(nats.tls.ca: must be a non-empty string without NUL, or null; not "")");
+  CHECK(error_of(R"({"nats": {"tls": {"crt": "c.pem"}}})").find("nats.tls.crt") != std::string::npos);
   CHECK(error_of(R"({"auth": {"secret": "s", "secret_file": "f"}})") ==
         "auth.secret_file: give auth.secret or auth.secret_file, not both");
   CHECK(error_of(R"({"auth": {"secret": "s", "public_key_file": "k.pem"}})") ==
@@ -755,7 +762,7 @@ TEST_CASE("load_server_config reads a file and resolves its relative paths", "[c
   temp_dir dir;
   const auto file = dir.write("conf/amp.json", R"({
     "tls": {"cert": "tls/cert.pem", "key": "/abs/key.pem"},
-    "nats": {"creds": "amp.creds"},
+    "nats": {"creds": "amp.creds", "tls": {"ca": "ca.pem", "cert": "c.pem", "key": "/k.pem"}},
     "auth": {"secret_file": "secret.txt"},
     "schemas": {"review.request": "schemas/review.json"},
     "limits": {"max_sessions": 7}})");
@@ -766,6 +773,9 @@ TEST_CASE("load_server_config reads a file and resolves its relative paths", "[c
   CHECK(c->tls.cert == (base / "tls/cert.pem").string());
   CHECK(c->tls.key == "/abs/key.pem");
   CHECK(c->nats->creds == (base / "amp.creds").string());
+  CHECK(c->nats->tls_ca == (base / "ca.pem").string());
+  CHECK(c->nats->tls_cert == (base / "c.pem").string());
+  CHECK(c->nats->tls_key == "/k.pem");
   CHECK(c->auth.secret_file == (base / "secret.txt").string());
   CHECK(c->schemas.at("review.request") == (base / "schemas/review.json").string());
 }
