@@ -124,15 +124,18 @@ int run(const std::vector<std::string>& args) {
   std::shared_ptr<amp::transport> backend;
   std::string transport_name;
   if (config.nats) {
-    auto connected =
-        amp::jetstream_transport::connect({.url = config.nats->url,
-                                           .creds_file = config.nats->creds.value_or(""),
-                                           .domain = config.nats->domain.value_or(""),
-                                           .tls_ca = config.nats->tls_ca.value_or(""),
-                                           .tls_cert = config.nats->tls_cert.value_or(""),
-                                           .tls_key = config.nats->tls_key.value_or(""),
-                                           .name = "amp-server",
-                                           .on_handler_error = handler_error});
+    auto connected = amp::jetstream_transport::connect(
+        {.url = config.nats->url,
+         .creds_file = config.nats->creds.value_or(""),
+         .domain = config.nats->domain.value_or(""),
+         .tls_ca = config.nats->tls_ca.value_or(""),
+         .tls_cert = config.nats->tls_cert.value_or(""),
+         .tls_key = config.nats->tls_key.value_or(""),
+         .name = "amp-server",
+         .on_handler_error = handler_error,
+         .on_notice = [](std::string_view line) {
+           log.write(srv::log_event("warn", "nats_version").field("message", line));
+         }});
     if (!connected) {
       const bool bad = connected.error().code() == amp::errc::bad_request;
       return fail("nats: " + connected.error().message(),

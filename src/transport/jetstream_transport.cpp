@@ -5,14 +5,26 @@
 #include <thread>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "transport/jetstream/backend.hpp"
+#include "transport/jetstream/server_info.hpp"
 
 namespace amp {
+
+namespace {
+
+// The first nats-server whose replicated KV compare-and-set is safe in a cluster.
+constexpr std::string_view k_safe_cluster_version = "2.9.21";
+
+}  // namespace
 
 using jetstream_detail::callback_depth;
 using jetstream_detail::connection;
 using jetstream_detail::jetstream_backend;
+using jetstream_detail::read_server_info;
 using jetstream_detail::split;
+using jetstream_detail::version_older_than;
 
 std::string redact_nats_url(std::string_view url) {
   std::string out;
@@ -52,6 +64,15 @@ result<std::shared_ptr<transport>> jetstream_transport::connect(jetstream_option
   auto backend = std::make_shared<jetstream_backend>(conn);
   if (auto r = backend->ping(); !r) return r.error();
   if (auto r = backend->detect_capabilities(); !r) return r.error();
+  if (options.on_notice) {
+    auto info = read_server_info(conn->connected_url(), options.connect_timeout);
+    if (info && info->clustered && version_older_than(info->version, k_safe_cluster_version)) {
+      options.on_notice(fmt::format(
+          "nats-server {} is in a cluster: before {}, compare-and-set on a replicated KV bucket "
+          "(the task store and the registry) is not safe; run {} or later in production",
+          info->version, k_safe_cluster_version, k_safe_cluster_version));
+    }
+  }
   return std::shared_ptr<transport>(backend);
 }
 

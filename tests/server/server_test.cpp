@@ -487,6 +487,7 @@ TEST_CASE("/readyz answers 503 while the NATS server is down", "[server][nats]")
   auto server = server_process::start(with_secret({"--nats", nats.url()}));
   CHECK(contains(server.log(), "\"event\":\"backend_connected\""));
   CHECK_FALSE(contains(server.log(), "\"event\":\"memory_transport\""));
+  CHECK_FALSE(contains(server.log(), "\"event\":\"nats_version\""));  // not a cluster
   CHECK(amp::testing::eventually(10s,
                                  [&] { return http_get(server.port(), "/readyz").status == 200; }));
 
@@ -610,6 +611,20 @@ TEST_CASE("TLS to NATS: nats.tls.cert and nats.tls.key for a server that verifie
   CHECK(contains(server.log(), "\"event\":\"backend_connected\""));
   CHECK(amp::testing::eventually(10s,
                                  [&] { return http_get(server.port(), "/readyz").status == 200; }));
+  server.signal(SIGTERM);
+  CHECK(server.wait_exit(10s) == 0);
+}
+
+TEST_CASE("a cluster of nats-server older than 2.9.21 is warned about at start",
+          "[server][nats][cluster]") {
+  auto cluster = amp::testing::nats_cluster::start(3);
+  auto server = server_process::start(with_secret({"--nats", cluster.urls()}));
+  CHECK(contains(server.log(), "\"event\":\"backend_connected\""));
+  // The Debian package is 2.9.10: the server says what a production cluster needs.
+  REQUIRE(contains(server.log(), "\"event\":\"nats_version\""));
+  CHECK(contains(server.log(), "\"level\":\"warn\""));
+  CHECK(contains(server.log(), "nats-server 2.9.10 is in a cluster"));
+  CHECK(contains(server.log(), "2.9.21 or later"));
   server.signal(SIGTERM);
   CHECK(server.wait_exit(10s) == 0);
 }

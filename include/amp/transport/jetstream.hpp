@@ -108,6 +108,11 @@ struct jetstream_options {
   /// error when empty. Called on the thread that ran the handler (often a cnats thread);
   /// must not throw.
   std::function<void(std::string_view)> on_handler_error{};
+  /// When set, `connect` reads what the server says of itself and calls this once, before
+  /// it returns, with a warning for a server in a cluster older than nats-server 2.9.21
+  /// (before it, compare-and-set on a replicated KV bucket, on which the task store and the
+  /// registry rely, is not safe). Not called otherwise.
+  std::function<void(std::string_view)> on_notice{};
 };
 
 /// `url` (one NATS URL or several separated by commas) with each server's password or

@@ -215,6 +215,12 @@ result<void> connection::send(const std::string& subject, std::string_view data,
   return {};
 }
 
+std::string connection::connected_url() const {
+  std::array<char, 512> buffer{};
+  if (natsConnection_GetConnectedUrl(nc_, buffer.data(), buffer.size()) != NATS_OK) return {};
+  return buffer.data();
+}
+
 std::string connection::routed(const std::string& subject) const {
   if (api_prefix_.empty()) return subject;
   // JetStream API requests go to the domain's API. So do KV writes: nats-server denies

@@ -81,6 +81,8 @@ class connection : public detail::write_sink, public std::enable_shared_from_thi
   jsCtx* js() const { return js_; }
   const std::shared_ptr<amp::clock>& clock() const { return clock_; }
   duration op_timeout() const { return op_timeout_; }
+  // The URL of the server connected to now.
+  std::string connected_url() const;
   // The JetStream domain, or empty (jetstream_options::domain).
   const std::string& domain() const { return domain_; }
   const std::shared_ptr<const detail::handler_error_sink>& sink() const { return sink_; }

@@ -2,6 +2,7 @@
 
 #include "amp/transport/jetstream.hpp"
 #include "transport/jetstream/connection.hpp"
+#include "transport/jetstream/server_info.hpp"
 
 TEST_CASE("a NATS URL is logged without its passwords or tokens", "[jetstream]") {
   using amp::redact_nats_url;
@@ -59,4 +60,35 @@ TEST_CASE("handled NATS messages are freed without cnats's collector thread", "[
     if (i == 2) REQUIRE(natsMsgHeader_Add(m, "Amp-Task", "t_1") == NATS_OK);
     destroy_here(m);
   }
+}
+
+TEST_CASE("the INFO line a NATS server sends says its version and whether it is clustered",
+          "[jetstream]") {
+  using namespace amp::jetstream_detail;
+  auto single = parse_server_info(
+      R"(INFO {"server_id":"X","version":"2.9.10","go":"go1.19","host":"127.0.0.1","port":4222,"jetstream":true})"
+      "\r\n");
+  REQUIRE(single);
+  CHECK(single->version == "2.9.10");
+  CHECK_FALSE(single->clustered);
+  auto routed = parse_server_info(
+      R"(INFO {"version":"2.9.10","cluster":"amp","connect_urls":["127.0.0.1:4223"]})");
+  REQUIRE(routed);
+  CHECK(routed->clustered);
+  CHECK(parse_server_info(R"(INFO {"version":"2.9.10","connect_urls":["a:1"]})")->clustered);
+  CHECK_FALSE(parse_server_info(R"(INFO {"version":"2.9.10","connect_urls":[]})")->clustered);
+  CHECK_FALSE(parse_server_info("PING"));
+  CHECK_FALSE(parse_server_info("INFO not json"));
+  CHECK_FALSE(parse_server_info(R"(INFO {"server_id":"X"})"));
+
+  CHECK(version_older_than("2.9.10", "2.9.21"));
+  CHECK(version_older_than("2.8.99", "2.9.21"));
+  CHECK_FALSE(version_older_than("2.9.21", "2.9.21"));
+  CHECK_FALSE(version_older_than("2.10.0", "2.9.21"));
+  CHECK_FALSE(version_older_than("2.10.0-beta.1", "2.9.21"));
+  CHECK(version_older_than("2.9.20-RC.1", "2.9.21"));
+  CHECK_FALSE(version_older_than("", "2.9.21"));
+  CHECK_FALSE(version_older_than("two", "2.9.21"));
+  CHECK_FALSE(version_older_than("2..1", "2.9.21"));
+  CHECK_FALSE(version_older_than("2.9.", "2.9.21"));
 }
