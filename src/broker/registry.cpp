@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <random>
 #include <utility>
 
 #include <fmt/format.h>
@@ -40,7 +41,16 @@ enum class record_state { registered, refreshed, expired, left };
 struct record {
   registry_entry entry;
   record_state state = record_state::registered;
+  // The leases held through each registry object that wrote a load (a gateway each, by its
+  // id); `entry.load` is their sum.
+  std::map<std::string, int, std::less<>> loads;
 };
+
+int sum_of(const std::map<std::string, int, std::less<>>& loads) {
+  std::int64_t n = 0;
+  for (const auto& [source, load] : loads) n += load;
+  return static_cast<int>(std::min<std::int64_t>(n, INT32_MAX));
+}
 
 bool is_up(record_state s) {
   return s == record_state::registered || s == record_state::refreshed;
@@ -87,6 +97,11 @@ std::string encode(const record& r) {
   w.key("v").integer(1);
   w.key("state").string(state_name(r.state));
   write_entry_members(w, r.entry);
+  if (!r.loads.empty()) {
+    w.key("loads").begin_object();
+    for (const auto& [source, load] : r.loads) w.key(source).integer(load);
+    w.end_object();
+  }
   w.end_object();
   return w.take();
 }
@@ -125,6 +140,14 @@ std::optional<record> decode(std::string_view json, std::string_view key) {
   if (o["load"].get_int64().get(load) || load < 0 || load > INT32_MAX) return std::nullopt;
   r.entry.slots = static_cast<int>(slots);
   r.entry.load = static_cast<int>(load);
+  dom::object loads;
+  if (!o["loads"].get_object().get(loads)) {
+    for (auto [source, value] : loads) {
+      std::int64_t n = 0;
+      if (value.get_int64().get(n) || n < 0 || n > INT32_MAX) return std::nullopt;
+      r.loads.emplace(std::string(source), static_cast<int>(n));
+    }
+  }
   dom::object meta;
   if (o["meta"].get_object().get(meta)) return std::nullopt;
   r.entry.meta = detail::minify(meta);
@@ -311,6 +334,7 @@ struct registry::impl : std::enable_shared_from_this<impl> {
   std::string bucket;
   duration ttl{};
   bool per_key = false;
+  std::string id;  // this object among the others that write loads (`record::loads`)
 
   // The sweeper (when `!per_key`): a cache of the up entries of the bucket, kept by a
   // watch, and one chain of timers; `generation` identifies the current link.
@@ -397,7 +421,8 @@ struct registry::impl : std::enable_shared_from_this<impl> {
                          .slots = slots,
                          .load = load,
                          .meta = *std::move(meta)},
-               .state = record_state::registered};
+               .state = record_state::registered,
+               .loads = {{id, load}}};
     auto key = subjects::registry_key(p);
     for (int i = 0; i < k_attempts; ++i) {
       auto c = read_settled(p, key);
@@ -438,7 +463,10 @@ struct registry::impl : std::enable_shared_from_this<impl> {
       }
       record rec = *std::move(c->rec);
       rec.state = record_state::refreshed;
-      if (load) rec.entry.load = *load;
+      if (load) {
+        rec.loads.insert_or_assign(id, *load);
+        rec.entry.load = sum_of(rec.loads);
+      }
       rec.entry.updated_at = to_millis(clock->now());
       rec.entry.expires_at = to_millis(rec.entry.updated_at + ttl);
       auto rev = t->kv_update(bucket, key, encode(rec), c->revision, key_ttl());
@@ -650,6 +678,10 @@ result<std::shared_ptr<registry>> registry::open(std::shared_ptr<transport> t,
   auto p = std::make_shared<impl>();
   p->clock = t->clock();
   p->bucket = kc.bucket;
+  {
+    std::random_device rd;
+    p->id = fmt::format("{:08x}{:08x}", rd(), rd());
+  }
   p->ttl = config.registry_ttl;
   p->per_key = t->caps().per_key_ttl && !config.registry_force_sweeper;
   p->t = std::move(t);

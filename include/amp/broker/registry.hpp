@@ -60,10 +60,12 @@ struct registry_entry {
   participant_name participant;
   std::vector<job_name> jobs{};  ///< the jobs it works on, without duplicates, in given order
   int slots = 1;                 ///< 0..1024; 0: registered, but gets no offers
-  int load = 0;                  ///< the leases it holds (as last reported)
-  std::string meta = "{}";       ///< a JSON object, serialized (minified)
-  time_point updated_at{};       ///< last registration or refresh (millisecond precision)
-  time_point expires_at{};       ///< `updated_at + registry_ttl`
+  /// The leases it holds, as last reported: the sum of what each registry object (each
+  /// gateway, through which some of them are held) last said.
+  int load = 0;
+  std::string meta = "{}";  ///< a JSON object, serialized (minified)
+  time_point updated_at{};  ///< last registration or refresh (millisecond precision)
+  time_point expires_at{};  ///< `updated_at + registry_ttl`
 
   friend bool operator==(const registry_entry&, const registry_entry&) = default;
 };
@@ -120,7 +122,9 @@ class registry {
 
   /// Registers `participant`, replacing any entry it has (watchers see it `up`,
   /// `registered`, also when it was up already). Duplicate jobs are dropped. `meta_json`
-  /// is stored minified. Returns the entry as stored (`expires_at = now + registry_ttl`).
+  /// is stored minified. `load` is the leases held through this registry object (the
+  /// other objects' counts are dropped with the entry it replaces). Returns the entry as
+  /// stored (`expires_at = now + registry_ttl`).
   /// Errors: `bad_request` when `slots` is outside 0..1024, `load` is negative, or
   /// `meta_json` is not a JSON object (nothing is changed); `conflict` when the entry
   /// kept changing under concurrent writers through every retry.
@@ -129,7 +133,9 @@ class registry {
                                               std::string_view meta_json, int load = 0);
 
   /// Refreshes the participant's entry (`updated_at = now`, `expires_at = now +
-  /// registry_ttl`), and sets its load when `load` is given. No event for watchers.
+  /// registry_ttl`), and, when `load` is given, sets the leases held through this registry
+  /// object: the entry's load is then the sum of what every registry object (every gateway)
+  /// last said. No event for watchers.
   /// Returns the refreshed entry.
   /// Errors: `not_found` when it has no live entry (never registered, left, or expired:
   /// the caller registers again); `bad_request` for a negative `load`; `conflict` when

@@ -248,6 +248,26 @@ TEST_CASE("registry: eligible lists the least loaded first and skips full and ze
   CHECK(names_of(must(reg->eligible(resize))) == std::vector<std::string>{"a", "g", "e"});
 }
 
+TEST_CASE("registry: the load is the sum of what each gateway's registry last said",
+          "[registry]") {
+  auto fx = make_fixture();
+  auto cfg = config_for(*fx);
+  auto one = must(registry::open(fx->shared_transport(), cfg));
+  auto two = must(registry::open(fx->shared_transport(), cfg));  // another gateway's
+  auto w = pname("w");
+  CHECK(must(one->register_participant(w, {jname("resize")}, 8, "{}", 2)).load == 2);
+  CHECK(must(two->heartbeat(w, 3)).load == 5);  // its sessions on both gateways hold leases
+  CHECK(must(one->heartbeat(w, 1)).load == 4);
+  CHECK(must(two->heartbeat(w)).load == 4);  // no load said: unchanged
+  auto seen = must(one->live(jname("resize")));
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].load == 4);
+  CHECK(must(two->heartbeat(w, 0)).load == 1);
+  // Registering again starts over with what the registering gateway holds.
+  CHECK(must(two->register_participant(w, {jname("resize")}, 8, "{}", 6)).load == 6);
+  CHECK(must(one->heartbeat(w, 1)).load == 7);
+}
+
 TEST_CASE("registry: who lists live entries, filtered by job", "[registry]") {
   auto fx = make_fixture();
   auto reg = must(registry::open(fx->shared_transport(), config_for(*fx)));
