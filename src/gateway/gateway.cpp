@@ -370,7 +370,7 @@ void gateway::impl::deliver_offers(const std::shared_ptr<detail::ns_state>& st, 
   post([self = shared_from_this(), st, job] { self->pump(st, job); });
 }
 
-void gateway::impl::place_offer(const std::shared_ptr<detail::ns_state>& st, const job_name& job,
+bool gateway::impl::place_offer(const std::shared_ptr<detail::ns_state>& st, const job_name& job,
                                 std::shared_ptr<const offer> shared, bool may_hand) {
   const offer& o = *shared;
   std::shared_ptr<session::impl> target;
@@ -427,15 +427,16 @@ void gateway::impl::place_offer(const std::shared_ptr<detail::ns_state>& st, con
     }
   }
   if (peer) {
-    if (hand_over(*st, *peer, o)) return;
+    if (hand_over(*st, *peer, o)) return true;
     return place_offer(st, job, std::move(shared), false);  // not sent: here after all
   }
   if (!target) {
     (void)timed([&] { return st->b->jobs().release(o); });
-    return;
+    return false;
   }
   metrics.offer();
   detail::push(*target, offer_frame(o), "offer");
+  return true;
 }
 
 void gateway::impl::offer_done(const std::shared_ptr<detail::ns_state>& st, const offer& o,

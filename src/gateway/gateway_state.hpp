@@ -59,6 +59,7 @@ struct remote_worker {
   int slots = 0;
   int busy = 0;  // raised here by each offer handed to it, until that gateway tells again
   time_point heard{};
+  std::uint64_t seq = 0;  // of the telling this comes from: an older one does not undo it
 };
 
 // Another gateway serving the namespace, with workers.
@@ -95,9 +96,10 @@ struct ns_state {
   std::unique_ptr<subscription> work_handed;               // amp.<ns>.ctl.work.<this gateway>
   std::map<std::string, peer_gateway, std::less<>> peers;  // by gateway id
   std::map<const void*, told_worker> told;                 // the registered workers as last told
-  bool announced = false;  // said hello: it has registered workers, and the others know it
-  bool telling = false;    // a telling is on its way to the executor
-  bool tell_all = false;   // and it tells all the workers here
+  bool announced = false;      // said hello: it has registered workers, and the others know it
+  bool telling = false;        // a telling is on its way to the executor
+  bool tell_all = false;       // and it tells all the workers here
+  std::uint64_t tellings = 0;  // numbers the tellings (`seq`), in the order they are made
   timer_id refresh = 0;
 
   explicit ns_state(namespace_name n) : ns(std::move(n)) {}
@@ -182,8 +184,8 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
   void offer_done(const std::shared_ptr<detail::ns_state>& ns, const offer& o, bool release);
   // Offers `o` to the least loaded eligible worker of this gateway or, when `may_hand` and
   // a worker of another gateway is less loaded, hands it to that gateway; with no taker,
-  // hands it back to the queue. Never blocks.
-  void place_offer(const std::shared_ptr<detail::ns_state>& ns, const job_name& job,
+  // hands it back to the queue (false). Never blocks.
+  bool place_offer(const std::shared_ptr<detail::ns_state>& ns, const job_name& job,
                    std::shared_ptr<const offer> o, bool may_hand);
 
   // ---- the gateways of a namespace as one broker (spec §13; work_exchange.cpp) ----

@@ -7,10 +7,14 @@
 // offer left open does.
 //
 // What is sent, headers `Amp-Peer` (the sender's id) and `Amp-Event`:
-// - `workers`: `{"hello":bool,"workers":[{"key","who","jobs","slots","busy"}…],"gone":[key…]}`,
+// - `workers`: `{"seq","hello":bool,"workers":[{"key","who","jobs","slots","busy"}…],
+//   "gone":[key…]}`,
 //   the workers that changed (or all of them, at most 500 a message). `hello` (the first
 //   worker registered here; in the first message of all of them) replaces what the others
-//   knew of this gateway and asks them for all of theirs.
+//   knew of this gateway and asks them for all of theirs. `seq` numbers the tellings of the
+//   sender in the order it made them: they may be sent in another order (from two threads),
+//   and what a worker's entry says is taken only from a telling newer than the one it came
+//   from.
 // - `bye`: the last worker here is gone.
 // - `offer` (to one gateway): `job_queue::offer_text`.
 // - `lease_lost`, `cancelled`: `{"task","holder"}`, from the gateway whose job queue saw
@@ -60,6 +64,7 @@ bool less_loaded(int a_busy, int a_slots, std::string_view a_who, int b_busy, in
 }
 
 struct heard_workers {
+  std::uint64_t seq = 0;
   bool hello = false;
   std::vector<std::pair<std::string, detail::remote_worker>> workers;
   std::vector<std::string> gone;
@@ -71,8 +76,10 @@ std::optional<heard_workers> read_workers(std::string_view text, time_point now)
   if (parser.parse(text.data(), text.size()).get(o) != simdjson::SUCCESS) return std::nullopt;
   heard_workers h;
   simdjson::dom::array workers, gone;
-  if (o["hello"].get(h.hello) || o["workers"].get(workers) || o["gone"].get(gone))
+  if (o["seq"].get(h.seq) || o["hello"].get(h.hello) || o["workers"].get(workers) ||
+      o["gone"].get(gone)) {
     return std::nullopt;
+  }
   for (auto w : workers) {
     std::string_view key, who;
     std::int64_t slots = 0, busy = 0;
@@ -86,7 +93,8 @@ std::optional<heard_workers> read_workers(std::string_view text, time_point now)
                             .jobs = {},
                             .slots = static_cast<int>(slots),
                             .busy = static_cast<int>(busy),
-                            .heard = now};
+                            .heard = now,
+                            .seq = h.seq};
     for (auto j : jobs) {
       std::string_view s;
       if (j.get(s)) return std::nullopt;
@@ -115,10 +123,12 @@ std::vector<std::string> workers_news(ns_state& st, bool all, bool hello) {
   std::vector<std::string> out;
   json_writer w;
   std::size_t in_message = 0;
+  const auto seq = ++st.tellings;
   auto begin = [&] {
     w = json_writer();
     // Only the first says hello: the others add to it.
-    w.begin_object().key("hello").boolean(hello && out.empty()).key("workers").begin_array();
+    w.begin_object().key("seq").integer(seq).key("hello").boolean(hello && out.empty());
+    w.key("workers").begin_array();
     in_message = 0;
   };
   auto gone_and_end = [&](const std::vector<std::string>& gone) {
@@ -182,8 +192,11 @@ result<void> gateway::impl::open_exchange(const std::shared_ptr<detail::ns_state
         return;
       }
       auto job = job_name::make(o->task.job).value();
-      self->place_offer(ns, job, std::make_shared<const offer>(std::move(*o)), false);
-      return self->workers_changed(ns);
+      // Not taken here (the worker it was meant for is busy or gone by now): whoever handed
+      // it knew too little, so all the workers here are told again.
+      const bool taken =
+          self->place_offer(ns, job, std::make_shared<const offer>(std::move(*o)), false);
+      return self->workers_changed(ns, !taken);
     }
     if (*event == k_lease_lost_event || *event == k_cancelled_event) {
       return self->heard_of_holder(ns, *event, m.data);
@@ -202,8 +215,14 @@ result<void> gateway::impl::open_exchange(const std::shared_ptr<detail::ns_state
       auto& p = ns->peers[std::string(*peer)];
       p.heard = now;
       if (h->hello) p.workers.clear();  // it starts again: what it said before is over
-      for (auto& [key, w] : h->workers) p.workers.insert_or_assign(std::move(key), std::move(w));
-      for (const auto& key : h->gone) p.workers.erase(key);
+      for (auto& [key, w] : h->workers) {
+        auto [it, added] = p.workers.try_emplace(std::move(key), w);
+        if (!added && it->second.seq < w.seq) it->second = std::move(w);
+      }
+      for (const auto& key : h->gone) {
+        auto it = p.workers.find(key);
+        if (it != p.workers.end() && it->second.seq < h->seq) p.workers.erase(it);
+      }
       // A hello is answered with all the workers here, if there are any.
       answer = h->hello && ns->announced;
     }

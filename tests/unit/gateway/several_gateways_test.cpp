@@ -168,7 +168,7 @@ TEST_CASE("what other gateways say of their workers cannot break offers", "[sess
       R"({"hello":false,"workers":[{"key":"k","who":"../x","jobs":[],"slots":1,"busy":0}],"gone":[]})");
   // A worker said to be idle elsewhere but not in the registry gets nothing.
   say(one, "workers",
-      R"({"hello":false,"workers":[{"key":"k","who":"ghost","jobs":["resize"],"slots":9,"busy":0}],"gone":[]})");
+      R"({"seq":1,"hello":false,"workers":[{"key":"k","who":"ghost","jobs":["resize"],"slots":9,"busy":0}],"gone":[]})");
   say(one, "offer", "not an offer");
   say(one, "offer", "not an offer either",
       subjects::work_offer_subject(namespace_name::make("demo").value(), "0123456789abcdef"));
@@ -233,4 +233,37 @@ TEST_CASE("a lease_lost or cancelled said by another gateway is pushed only if t
   CHECK_FALSE(w.next("cancelled"));
   auto done = w.request(R"({"op":"complete","id":4,"task":")" + task + R"(","result":1})", "4");
   CHECK(done.str("/state") == "completed");
+}
+
+TEST_CASE("an older word of another gateway on a worker does not undo a newer one",
+          "[session][several]") {
+  gateway_rig one;
+  auto prod = one.connect("prod");
+  auto w = one.connect("w");
+  REQUIRE(w.request(R"({"op":"register","id":1,"jobs":["resize"],"slots":2})", "1").op() == "ok");
+  auto first = submit(prod, 2);
+  REQUIRE(w.next("offer"));
+  claim(w, first, 3);  // w: 1/2
+  // "far" is live in the registry (its session went without bye), as if on another gateway.
+  auto far = one.connect("far");
+  REQUIRE(far.request(R"({"op":"register","id":4,"jobs":["resize"],"slots":5})", "4").op() == "ok");
+  far.s->closed();
+  // That gateway (here, the test) hears what is handed to it.
+  const std::string peer = "0123456789abcdef";
+  std::vector<std::string> handed_here;
+  auto sub = must(one.backend->subscribe_core(
+      subjects::work_offer_subject(namespace_name::make("demo").value(), peer),
+      [&](const message& m) { handed_here.push_back(m.data); }));
+  auto said = [](int seq, int busy) {
+    return R"({"seq":)" + std::to_string(seq) +
+           R"(,"hello":false,"workers":[{"key":"k","who":"far","jobs":["resize"],"slots":5,"busy":)" +
+           std::to_string(busy) + R"(}],"gone":[]})";
+  };
+  say(one, "workers", said(2, 0));  // far is idle
+  say(one, "workers", said(1, 5));  // an older telling, come late: far full
+  auto task = submit(prod, 5);
+  CHECK_FALSE(w.next("offer"));
+  REQUIRE(handed_here.size() == 1);
+  CHECK(handed_here[0].find(task) != std::string::npos);
+  CHECK(handed(one) == 1);
 }
