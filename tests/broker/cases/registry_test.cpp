@@ -248,8 +248,7 @@ TEST_CASE("registry: eligible lists the least loaded first and skips full and ze
   CHECK(names_of(must(reg->eligible(resize))) == std::vector<std::string>{"a", "g", "e"});
 }
 
-TEST_CASE("registry: the load is the sum of what each gateway's registry last said",
-          "[registry]") {
+TEST_CASE("registry: the load is the sum of what each gateway's registry last said", "[registry]") {
   auto fx = make_fixture();
   auto cfg = config_for(*fx);
   auto one = must(registry::open(fx->shared_transport(), cfg));

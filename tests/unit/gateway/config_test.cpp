@@ -466,7 +466,8 @@ TEST_CASE("the rules between keys are checked", "[config]") {
         "nats.tls.cert: required when nats.tls.key is given");
   CHECK(error_of(R"({"nats": {"tls": {"ca": ""}}})") ==
         R"(nats.tls.ca: must be a non-empty string without NUL, or null; not "")");
-  CHECK(error_of(R"({"nats": {"tls": {"crt": "c.pem"}}})").find("nats.tls.crt") != std::string::npos);
+  CHECK(error_of(R"({"nats": {"tls": {"crt": "c.pem"}}})").find("nats.tls.crt") !=
+        std::string::npos);
   CHECK(error_of(R"({"auth": {"secret": "s", "secret_file": "f"}})") ==
         "auth.secret_file: give auth.secret or auth.secret_file, not both");
   CHECK(error_of(R"({"auth": {"secret": "s", "public_key_file": "k.pem"}})") ==
