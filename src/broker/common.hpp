@@ -59,6 +59,11 @@ executor executor_for(const broker_config& config, std::shared_ptr<worker_pool>&
 // always; across processes to the millisecond).
 std::string unique_id(std::string_view prefix, time_point now);
 
+// The headers of the core messages a namespace's brokers and gateways on several servers
+// send each other: who says it (its id among them), and what.
+inline constexpr std::string_view k_peer_header = "Amp-Peer";
+inline constexpr std::string_view k_event_header = "Amp-Event";
+
 // The `Nats-Msg-Id` that makes `msg_id` deduplicate per sender and destination.
 std::string dedup_id(std::string_view from, std::string_view to, std::string_view msg_id);
 

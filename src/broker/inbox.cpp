@@ -32,9 +32,10 @@ constexpr duration k_max_backoff = std::chrono::seconds(5);
 void ignore(result<void>) {}
 
 // The headers of what the inboxes of one namespace on several gateways tell each other
-// (core messages on `subjects::inbox_control_subject`): who says it, and what.
-constexpr std::string_view k_peer_header = "Amp-Peer";
-constexpr std::string_view k_event_header = "Amp-Event";
+// (core messages on `subjects::inbox_control_subject`), beside `detail::k_peer_header` and
+// `detail::k_event_header`.
+using detail::k_event_header;
+using detail::k_peer_header;
 constexpr std::string_view k_seq_header = "Amp-Seq";
 constexpr std::string_view k_delivery_header = "Amp-Delivery";
 constexpr std::string_view k_ack_header = "Amp-Ack";

@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <random>
 #include <utility>
 
 #include <fmt/format.h>
@@ -123,7 +122,7 @@ std::optional<record> decode(std::string_view json, std::string_view key) {
   auto state = state_from(text);
   if (!state) return std::nullopt;
 
-  record r{.entry = {.participant = *std::move(participant)}, .state = *state};
+  record r{.entry = {.participant = *std::move(participant)}, .state = *state, .loads = {}};
   dom::array jobs;
   if (o["jobs"].get_array().get(jobs)) return std::nullopt;
   for (auto j : jobs) {
@@ -678,10 +677,7 @@ result<std::shared_ptr<registry>> registry::open(std::shared_ptr<transport> t,
   auto p = std::make_shared<impl>();
   p->clock = t->clock();
   p->bucket = kc.bucket;
-  {
-    std::random_device rd;
-    p->id = fmt::format("{:08x}{:08x}", rd(), rd());
-  }
+  p->id = detail::unique_id("r", p->clock->now());
   p->ttl = config.registry_ttl;
   p->per_key = t->caps().per_key_ttl && !config.registry_force_sweeper;
   p->t = std::move(t);

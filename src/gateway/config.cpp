@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "amp/json.hpp"
+#include "amp/transport/jetstream.hpp"
 #include "detail/simdjson_adapter.hpp"
 
 namespace amp {
@@ -908,11 +908,7 @@ result<void> check_server_config(const server_config& c) {
     if (c.nats->tls_key && !c.nats->tls_cert)
       return fail("nats.tls.cert: required when nats.tls.key is given");
     if (const auto& d = c.nats->domain) {
-      const bool ok =
-          !d->empty() && d->size() <= 64 && std::all_of(d->begin(), d->end(), [](char ch) {
-            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
-          });
-      if (!ok) {
+      if (!valid_jetstream_domain(*d)) {
         return fail(
             fmt::format("nats.domain: must be 1 to 64 letters, digits, - or _, or null; not {}",
                         amp::quoted(*d)));

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <thread>
 
@@ -87,11 +86,11 @@ std::string offer_frame(const offer& o) {
   return w.take();
 }
 
-std::string task_push(std::string_view op, const task_id& task) {
+}  // namespace
+
+std::string detail::task_push(std::string_view op, const task_id& task) {
   return fmt::format("{{\"op\":\"{}\",\"task\":{}}}", op, json_quote(task.view()));
 }
-
-}  // namespace
 
 void gateway::impl::post(std::function<void()> work) {
   in_flight.fetch_add(1);
@@ -167,7 +166,7 @@ result<std::shared_ptr<detail::ns_state>> gateway::impl::ns_for(const namespace_
         }
       }
     }
-    for (auto& s : targets) detail::push(*s, task_push(op, task), op);
+    for (auto& s : targets) detail::push(*s, detail::task_push(op, task), op);
     // None here: the holder may be connected to another gateway.
     if (targets.empty()) gw->tell_holder_elsewhere(*state, op, holder, task);
     gw->pump_all(state, jobs);
@@ -476,10 +475,7 @@ result<std::shared_ptr<gateway>> gateway::open(gateway_options options) {
   if (!auth) return error(errc::bad_request, auth.error().message());
 
   auto p = std::make_shared<impl>();
-  {
-    std::random_device rd;
-    p->id = fmt::format("{:08x}{:08x}", rd(), rd());
-  }
+  p->id = detail::unique_id("g", std::chrono::system_clock::now());
   for (const auto& [type, path] : c.schemas) {
     auto key = fmt::format("schemas.{}", type);
     auto text = read_file(key, path);

@@ -123,6 +123,8 @@ std::shared_ptr<session::impl> new_session(std::shared_ptr<gateway::impl> gw,
 // Sends a frame the client must get (a push); false when the session is closing.
 bool push(session::impl& s, std::string frame, std::string_view op);
 void close(session::impl& s, int code, std::string reason);
+// `{"op":op,"task":task}`: what a holder is told (`lease_lost`, `cancelled`).
+std::string task_push(std::string_view op, const task_id& task);
 const std::string& id_of(const session::impl& s);
 
 }  // namespace detail

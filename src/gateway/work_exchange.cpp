@@ -38,8 +38,8 @@ namespace amp {
 
 namespace {
 
-constexpr std::string_view k_peer_header = "Amp-Peer";
-constexpr std::string_view k_event_header = "Amp-Event";
+using detail::k_event_header;
+using detail::k_peer_header;
 constexpr std::string_view k_workers_event = "workers";
 constexpr std::string_view k_bye_event = "bye";
 constexpr std::string_view k_offer_event = "offer";
@@ -50,6 +50,21 @@ constexpr std::string_view k_cancelled_event = "cancelled";
 constexpr auto k_refresh = std::chrono::seconds(5);
 // The most workers in one message.
 constexpr std::size_t k_workers_per_message = 500;
+
+// Says `event` (`data`) on `subject`, signed with this gateway's `id`.
+result<void> say(transport& backend, std::string subject, std::string_view id,
+                 std::string_view event, std::string data) {
+  return backend.publish_core({.subject = std::move(subject),
+                               .data = std::move(data),
+                               .headers = {{std::string(k_peer_header), std::string(id)},
+                                           {std::string(k_event_header), std::string(event)}}});
+}
+
+// Whether any session of `st` is registered. `st.mu` held.
+bool any_registered(const detail::ns_state& st) {
+  return std::any_of(st.workers.begin(), st.workers.end(),
+                     [](const auto& w) { return w.second.registered; });
+}
 
 std::string worker_key(const void* key) {
   return fmt::format("{:x}", reinterpret_cast<std::uintptr_t>(key));
@@ -266,8 +281,7 @@ void gateway::impl::workers_changed(const std::shared_ptr<detail::ns_state>& st,
     std::lock_guard lock(st->mu);
     st->tell_all = st->tell_all || all;
     if (st->telling) return;
-    bool any = false;
-    for (const auto& [key, w] : st->workers) any = any || w.registered;
+    const bool any = any_registered(*st);
     if (any == st->announced && (!any || (st->peers.empty() && !st->tell_all))) return;
     st->telling = true;
   }
@@ -277,8 +291,7 @@ void gateway::impl::workers_changed(const std::shared_ptr<detail::ns_state>& st,
     {
       std::lock_guard lock(st->mu);
       st->telling = false;
-      bool any = false;
-      for (const auto& [key, w] : st->workers) any = any || w.registered;
+      const bool any = any_registered(*st);
       const bool everyone = std::exchange(st->tell_all, false);
       if (!any) {
         if (!st->announced) return;
@@ -295,11 +308,8 @@ void gateway::impl::workers_changed(const std::shared_ptr<detail::ns_state>& st,
       }
     }
     for (auto& data : messages) {
-      (void)self->opts.backend->publish_core(
-          {.subject = subjects::work_control_subject(st->ns),
-           .data = std::move(data),
-           .headers = {{std::string(k_peer_header), self->id},
-                       {std::string(k_event_header), std::string(event)}}});
+      (void)say(*self->opts.backend, subjects::work_control_subject(st->ns), self->id, event,
+                std::move(data));
     }
   });
 }
@@ -338,10 +348,7 @@ void gateway::impl::tell_holder_elsewhere(detail::ns_state& st, std::string_view
   json_writer w;
   w.begin_object().key("task").string(task.view()).key("holder").string(holder.view());
   w.end_object();
-  (void)opts.backend->publish_core({.subject = subjects::work_control_subject(st.ns),
-                                    .data = w.take(),
-                                    .headers = {{std::string(k_peer_header), id},
-                                                {std::string(k_event_header), std::string(op)}}});
+  (void)say(*opts.backend, subjects::work_control_subject(st.ns), id, op, w.take());
 }
 
 void gateway::impl::heard_of_holder(const std::shared_ptr<detail::ns_state>& st,
@@ -381,17 +388,14 @@ void gateway::impl::heard_of_holder(const std::shared_ptr<detail::ns_state>& st,
         if (auto s = w.s.lock()) targets.push_back(std::move(s));
       }
     }
-    auto frame = fmt::format("{{\"op\":\"{}\",\"task\":{}}}", op, json_quote(task.view()));
+    auto frame = detail::task_push(op, task);
     for (auto& s : targets) detail::push(*s, frame, op);
   });
 }
 
 bool gateway::impl::hand_over(detail::ns_state& st, const std::string& peer, const offer& o) {
-  auto sent = opts.backend->publish_core(
-      {.subject = subjects::work_offer_subject(st.ns, peer),
-       .data = st.b->jobs().offer_text(o),
-       .headers = {{std::string(k_peer_header), id},
-                   {std::string(k_event_header), std::string(k_offer_event)}}});
+  auto sent = say(*opts.backend, subjects::work_offer_subject(st.ns, peer), id, k_offer_event,
+                  st.b->jobs().offer_text(o));
   if (!sent) {
     std::lock_guard lock(st.mu);
     st.peers.erase(peer);  // told again at its next refresh, if it is there

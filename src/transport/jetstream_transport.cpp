@@ -1,5 +1,7 @@
 #include "amp/transport/jetstream.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,6 +27,13 @@ using jetstream_detail::jetstream_backend;
 using jetstream_detail::read_server_info;
 using jetstream_detail::split;
 using jetstream_detail::version_older_than;
+
+bool valid_jetstream_domain(std::string_view domain) {
+  return !domain.empty() && domain.size() <= 64 &&
+         std::all_of(domain.begin(), domain.end(), [](char ch) {
+           return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
+         });
+}
 
 std::string redact_nats_url(std::string_view url) {
   std::string out;

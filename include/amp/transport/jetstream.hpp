@@ -120,6 +120,10 @@ struct jetstream_options {
 /// `nats://***@host`. Thread-safe.
 std::string redact_nats_url(std::string_view url);
 
+/// Whether `domain` can name a JetStream domain (`jetstream_options::domain`): 1..64
+/// letters, digits, `-` or `_`. Thread-safe.
+bool valid_jetstream_domain(std::string_view domain);
+
 /// Factory of JetStream transports.
 class jetstream_transport {
  public:

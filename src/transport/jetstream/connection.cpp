@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <cstring>
 #include <thread>
 
@@ -112,11 +111,7 @@ result<void> connection::open(const jetstream_options& o) {
   natsOptions_SetMaxPingsOut(opts, 2);
   natsOptions_SetMaxPendingMsgs(opts, 1 << 20);
   if (!o.domain.empty()) {
-    const bool ok =
-        o.domain.size() <= 64 && std::all_of(o.domain.begin(), o.domain.end(), [](char ch) {
-          return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_';
-        });
-    if (!ok) {
+    if (!valid_jetstream_domain(o.domain)) {
       return unexpected(errc::bad_request,
                         fmt::format("bad JetStream domain {}: letters, digits, - and _ only",
                                     amp::quoted(o.domain)));
