@@ -198,11 +198,14 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
   result<void> open_exchange(const std::shared_ptr<detail::ns_state>& ns);
   // The workers of `ns` here may have changed: tells the other gateways, on the executor,
   // once for any number of calls meanwhile: a hello when the first registers, a bye when
-  // the last leaves, and what changed while other gateways with workers are known. Cheap
-  // when nothing changed; any thread; `ns.mu` not held.
+  // the last leaves, and what changed while other gateways with workers are known, at most
+  // once per `k_tell_after` (so that a busy gateway says one message per interval, not
+  // one per claim and complete). Cheap when nothing changed; any thread; `ns.mu` not held.
   // With `all`, every worker is told, changed or not, and whether or not another gateway is
-  // known.
+  // known, without waiting.
   void workers_changed(const std::shared_ptr<detail::ns_state>& ns, bool all = false);
+  // The telling `workers_changed` started (on the executor).
+  void tell_workers(const std::shared_ptr<detail::ns_state>& ns);
   // The other gateway whose worker should take an offer of `job` rather than `local` (the
   // best eligible worker here, or null): one less loaded (busy/slots), live in the
   // registry. Counts the offer against that worker. `ns.mu` held.

@@ -21,8 +21,9 @@
 //   the lease end (or the task cancelled) and has no session of the holder; a gateway with
 //   sessions of the holder reads the record and pushes the op to them if it confirms it
 //   (the holder no longer holds a live lease; the task cancelled).
-// Changes are told only while another gateway with workers is known; all the workers are
-// told every `k_refresh` in any case, and a gateway not heard for three of those is
+// Changes are told only while another gateway with workers is known, together once per
+// `k_tell_after` (a hello and a bye at once); all the workers are told every `k_refresh`
+// in any case, and a gateway not heard for three of those is
 // forgotten.
 
 #include <fmt/format.h>
@@ -48,6 +49,9 @@ constexpr std::string_view k_cancelled_event = "cancelled";
 
 // How often a gateway with workers tells all of them, whatever changed.
 constexpr auto k_refresh = std::chrono::seconds(5);
+// How long a change of the workers here waits to be told, so that the changes of a busy
+// gateway go out together.
+constexpr auto k_tell_after = std::chrono::milliseconds(20);
 // The most workers in one message.
 constexpr std::size_t k_workers_per_message = 500;
 
@@ -277,6 +281,7 @@ result<void> gateway::impl::open_exchange(const std::shared_ptr<detail::ns_state
 }
 
 void gateway::impl::workers_changed(const std::shared_ptr<detail::ns_state>& st, bool all) {
+  bool now = all;
   {
     std::lock_guard lock(st->mu);
     st->tell_all = st->tell_all || all;
@@ -284,34 +289,45 @@ void gateway::impl::workers_changed(const std::shared_ptr<detail::ns_state>& st,
     const bool any = any_registered(*st);
     if (any == st->announced && (!any || (st->peers.empty() && !st->tell_all))) return;
     st->telling = true;
+    now = now || any != st->announced;
   }
-  post([self = shared_from_this(), st] {
-    std::vector<std::string> messages;
-    std::string_view event = k_workers_event;
-    {
-      std::lock_guard lock(st->mu);
-      st->telling = false;
-      const bool any = any_registered(*st);
-      const bool everyone = std::exchange(st->tell_all, false);
-      if (!any) {
-        if (!st->announced) return;
-        st->announced = false;
-        st->told.clear();
-        event = k_bye_event;
-        messages.emplace_back();
-      } else {
-        const bool hello = !st->announced;
-        st->announced = true;
-        // Unsaid while no other gateway listens: what changed is told when one says hello.
-        if (!hello && !everyone && st->peers.empty()) return;
-        messages = detail::workers_news(*st, hello || everyone, hello);
-      }
-    }
-    for (auto& data : messages) {
-      (void)say(*self->opts.backend, subjects::work_control_subject(st->ns), self->id, event,
-                std::move(data));
-    }
+  if (now) {
+    post([self = shared_from_this(), st] { self->tell_workers(st); });
+    return;
+  }
+  clk->call_at(clk->now() + k_tell_after, [weak = weak_from_this(), weak_st = std::weak_ptr(st)] {
+    auto self = weak.lock();
+    auto ns = weak_st.lock();
+    if (!self || !ns) return;
+    self->post([self, ns] { self->tell_workers(ns); });
   });
+}
+
+void gateway::impl::tell_workers(const std::shared_ptr<detail::ns_state>& st) {
+  std::vector<std::string> messages;
+  std::string_view event = k_workers_event;
+  {
+    std::lock_guard lock(st->mu);
+    st->telling = false;
+    const bool any = any_registered(*st);
+    const bool everyone = std::exchange(st->tell_all, false);
+    if (!any) {
+      if (!st->announced) return;
+      st->announced = false;
+      st->told.clear();
+      event = k_bye_event;
+      messages.emplace_back();
+    } else {
+      const bool hello = !st->announced;
+      st->announced = true;
+      // Unsaid while no other gateway listens: what changed is told when one says hello.
+      if (!hello && !everyone && st->peers.empty()) return;
+      messages = detail::workers_news(*st, hello || everyone, hello);
+    }
+  }
+  for (auto& data : messages) {
+    (void)say(*opts.backend, subjects::work_control_subject(st->ns), id, event, std::move(data));
+  }
 }
 
 std::optional<std::string> gateway::impl::hand_to(detail::ns_state& st, const job_name& job,

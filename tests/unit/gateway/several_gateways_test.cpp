@@ -47,6 +47,9 @@ void say(gateway_rig& rig, std::string_view event, std::string data, std::string
        .headers = {{"Amp-Peer", "0123456789abcdef"}, {"Amp-Event", std::string(event)}}}));
 }
 
+// How long a gateway waits to tell the others what changed of its workers.
+constexpr auto k_tell_after = 20ms;
+
 // Two gateways of one broker, with 10 s leases and registry entries that outlast the test.
 struct two_gateways {
   static void tweak(server_config& c) {
@@ -89,9 +92,11 @@ TEST_CASE("a task goes to the least loaded worker whichever gateway fetched it",
     claim(w2, task, 40 + i);
   }
   CHECK(handed(one) + handed(two) > 0);
-  // Level: they take turns (a tie stays with the gateway that fetched it).
+  // Level: they take turns (a tie stays with the gateway that fetched it), with time for
+  // the gateways to tell each other of each claim.
   std::map<std::string, int> load{{"w1", 3}, {"w2", 3}};
   for (int i = 0; i < 4; ++i) {
+    one.clock->advance(k_tell_after);
     auto task = submit(prod, 50 + i);
     auto o1 = w1.next("offer");
     auto o2 = w2.next("offer");
@@ -266,4 +271,34 @@ TEST_CASE("an older word of another gateway on a worker does not undo a newer on
   REQUIRE(handed_here.size() == 1);
   CHECK(handed_here[0].find(task) != std::string::npos);
   CHECK(handed(one) == 1);
+}
+
+TEST_CASE("a gateway tells the changes of its workers together, once per interval",
+          "[session][several]") {
+  gateway_rig one;
+  auto w = one.connect("w");
+  REQUIRE(w.request(R"({"op":"register","id":1,"jobs":["resize"],"slots":8})", "1").op() == "ok");
+  // Another gateway (here, the test) says hello and listens.
+  std::vector<std::string> told;
+  auto sub = must(one.backend->subscribe_core(
+      subjects::work_control_subject(namespace_name::make("demo").value()), [&](const message& m) {
+        if (find_header(m.headers, "Amp-Peer") != "0123456789abcdef") told.push_back(m.data);
+      }));
+  say(one, "workers",
+      R"({"seq":1,"hello":true,"workers":[{"key":"k","who":"far","jobs":["other"],"slots":1,"busy":0}],"gone":[]})");
+  REQUIRE(told.size() == 1);  // the answer to the hello: at once
+  CHECK(told[0].find(R"("busy":0)") != std::string::npos);
+  auto prod = one.connect("prod");
+  for (int i = 0; i < 3; ++i) {
+    auto task = submit(prod, 10 + i);
+    REQUIRE(w.next("offer"));
+    claim(w, task, 20 + i);
+  }
+  // Three claims, nothing said yet; one message once the interval is over, with w at 3/8.
+  CHECK(told.size() == 1);
+  one.clock->advance(k_tell_after);
+  REQUIRE(told.size() == 2);
+  CHECK(told[1].find(R"("busy":3)") != std::string::npos);
+  one.clock->advance(k_tell_after);
+  CHECK(told.size() == 2);  // nothing changed since
 }
