@@ -98,6 +98,29 @@ const extract = {
     }
     return out;
   },
+  // amp-bench-cluster: per number of amp-servers, rates and their ratio to the first count
+  // (one server) measured in the same run; the failover run's gaps and tallies.
+  cluster(j) {
+    const out = {};
+    for (const [n, v] of Object.entries(j.scale || {})) {
+      const at = `cluster.servers${n}`;
+      out[`${at}.tasks_per_s`] = med(v.tasks_per_s);
+      out[`${at}.tasks_ratio`] = v.tasks_ratio;
+      out[`${at}.messages_per_s`] = med(v.messages_per_s);
+      out[`${at}.messages_ratio`] = v.messages_ratio;
+      out[`${at}.busiest_amp_server_cpu_us_per_task`] = med(v.per_task.busiest_amp_server_cpu_us);
+      out[`${at}.amp_servers_cpu_us_per_task`] = med(v.per_task.amp_servers_cpu_us);
+      out[`${at}.nats_servers_cpu_us_per_task`] = med(v.per_task.nats_servers_cpu_us);
+      out[`${at}.paced.busiest_amp_server_cpu_us_per_task`] = med(v.per_task_paced.busiest_amp_server_cpu_us);
+      out[`${at}.paced.amp_servers_cpu_us_per_task`] = med(v.per_task_paced.amp_servers_cpu_us);
+    }
+    if (j.failover) {
+      for (const k of ['node_gap_s', 'server_gap_s', 'submitted', 'completed_once', 'completed_twice', 'failed', 'lost']) {
+        out[`cluster.failover.${k}`] = j.failover[k];
+      }
+    }
+    return out;
+  },
   peer(prefix, j) {
     const out = {};
     for (const [k, v] of Object.entries(j.figures)) out[`${prefix}.${k}`] = v.median;
@@ -118,6 +141,7 @@ const programs = {
   'messaging8-jetstream': (j) => extract.messaging('server.jetstream.to8', j),
   'sessions-jetstream': (j) => extract.sessions('server.jetstream.idle', j),
   'sessions-memory': (j) => extract.sessions('server.memory.idle', j),
+  cluster: (j) => extract.cluster(j),
   'peer-bullmq': (j) => extract.peer('bullmq', j),
   'peer-natsjs': (j) => extract.peer('natsjs', j),
 };
@@ -170,7 +194,10 @@ const targets = [
   ['amp-server >= 1.0x raw one at a time (JetStream, 1 slot)', 'server.jetstream.vs_serial_ceiling.slots1', (v) => v >= 1.0],
   ['submit-to-result p99 at 1,000 tasks/s <= BullMQ AOF\'s', 'server.jetstream.p99_vs_bullmq_aof', (v) => v <= 1],
   ['amp-server (memory) >= 1.5x BullMQ with AOF (64 slots vs concurrency 64)', 'server.memory.vs_bullmq_aof.c64', (v) => v >= 1.5],
-].map((t) => [...t, 14]));
+].map((t) => [...t, 14])).concat([
+  ['failover: nothing lost (SIGKILL of a NATS node and of an amp-server)', 'cluster.failover.lost', (v) => v === 0],
+  ['failover: no task completed twice', 'cluster.failover.completed_twice', (v) => v === 0],
+].map((t) => [...t, 16]));
 
 // ----- summarising ------------------------------------------------------------------------
 
@@ -284,9 +311,24 @@ for (const backend of ['jetstream', 'memory']) {
     row(`amp-server (${backend}) idle sessions: ${k}`, `server.${backend}.idle.${k}`);
   }
 }
+section('several amp-servers on a 3-node JetStream cluster (R3), same clients');
+for (const n of [1, 2, 3]) {
+  const at = `cluster.servers${n}`;
+  row(`${n} server(s): tasks/s`, `${at}.tasks_per_s`);
+  row(`${n} server(s): tasks/s / one server's`, `${at}.tasks_ratio`);
+  row(`${n} server(s): inbox msgs/s`, `${at}.messages_per_s`);
+  row(`${n} server(s): inbox msgs/s / one server's`, `${at}.messages_ratio`);
+  row(`${n} server(s): busiest amp-server CPU us per task`, `${at}.busiest_amp_server_cpu_us_per_task`);
+  row(`${n} server(s): all amp-servers CPU us per task`, `${at}.amp_servers_cpu_us_per_task`);
+  row(`${n} server(s): nats-servers CPU us per task`, `${at}.nats_servers_cpu_us_per_task`);
+  row(`${n} server(s): busiest amp-server CPU us per task, paced`, `${at}.paced.busiest_amp_server_cpu_us_per_task`);
+}
+for (const k of ['node_gap_s', 'server_gap_s', 'submitted', 'completed_once', 'completed_twice', 'failed', 'lost']) {
+  row(`failover: ${k}`, `cluster.failover.${k}`);
+}
 section('ratios');
 for (const [key, label] of ratios) row(label, key);
-for (const issue of [6, 14]) {
+for (const issue of [6, 14, 16]) {
   section(`targets (issue ${issue})`);
   for (const t of targetResults.filter((x) => x.issue === issue)) {
     const verdict = t.met === null ? 'not measured' : t.met ? 'met' : 'MISSED';
@@ -334,28 +376,39 @@ if (plot && has('gnuplot')) {
   for (const [label, k] of latPeer) text += `"${label}" ${figures[`${k}_p50`].median} ${figures[`${k}_p99`].median}\n`;
   fs.writeFileSync(dat, text);
   const png = path.join(outDir, 'summary.png');
-  const script = `
-set terminal pngcairo size 1400,560 font ",10"
-set output '${png}'
-set multiplot layout 1,2 title "amp benchmarks (${rounds.length} round(s)${summary.quick ? ', quick' : ''}; medians, error bars min-max)"
-set style fill solid 0.8 border -1
-set grid ytics
-set xtics rotate by -35 left nomirror
-set title "task lifecycle throughput (tasks/s)"
+  // A panel for each kind of figure measured (a subset from --only may have neither).
+  const panels = [];
+  if (bars.length) {
+    panels.push(`set title "task lifecycle throughput (tasks/s)"
 set yrange [0:*]
 set xrange [-0.6:${bars.length - 0.4}]
-plot '${dat}' index 0 using 1:3:4:5:(0.7):xtic(2) with boxerrorbars lc rgb "#4477aa" notitle
-set title "submit-to-result latency at 1,000 tasks/s (ms), log scale"
+plot '${dat}' index 0 using 1:3:4:5:(0.7):xtic(2) with boxerrorbars lc rgb "#4477aa" notitle`);
+  }
+  if (lat.length + latPeer.length) {
+    panels.push(`set title "submit-to-result latency at 1,000 tasks/s (ms), log scale"
 set autoscale x
 set logscale y
 set yrange [0.1:*]
 set style data histograms
 set style histogram clustered gap 1
 set boxwidth 0.9 relative
-plot '${dat}' index 1 using 2:xtic(1) title "p50" lc rgb "#66ccee", '' index 1 using 3 title "p99" lc rgb "#ee6677"
+plot '${dat}' index 1 using 2:xtic(1) title "p50" lc rgb "#66ccee", '' index 1 using 3 title "p99" lc rgb "#ee6677"`);
+  }
+  const script = `
+set terminal pngcairo size ${700 * Math.max(1, panels.length)},560 font ",10"
+set output '${png}'
+set multiplot layout 1,${Math.max(1, panels.length)} title "amp benchmarks (${rounds.length} round(s)${summary.quick ? ', quick' : ''}; medians, error bars min-max)"
+set style fill solid 0.8 border -1
+set grid ytics
+set xtics rotate by -35 left nomirror
+${panels.join('\n')}
 unset multiplot
 `;
-  execFileSync('gnuplot', [], { input: script });
-  console.log(`\nplot: ${png}`);
+  if (panels.length) {
+    execFileSync('gnuplot', [], { input: script });
+    console.log(`\nplot: ${png}`);
+  } else {
+    console.log('\nplot: no task figures among those measured, nothing plotted');
+  }
 }
 console.log(`summary: ${path.join(outDir, 'summary.json')}`);

@@ -109,14 +109,6 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-// True for a refusal a run can meet without being wrong: the offer moved on, or the lease
-// did (the task is offered again). Anything else (rate_limited, say) means the measurement
-// is not what it claims, and a task it strands could hold the run until its timeout.
-bool expected_refusal(const amp::error& e) {
-  return e.code() == amp::errc::conflict || e.code() == amp::errc::not_found ||
-         e.code() == amp::errc::lease_lost;
-}
-
 // A worker that claims and completes every offer, with the task's body as its result; a
 // refusal that is not expected_refusal aborts `run`.
 void become_worker(amp::client& w, int slots, countdown& run) {
@@ -141,41 +133,6 @@ void become_worker(amp::client& w, int slots, countdown& run) {
   auto reg = w.register_worker({"bench"}, slots);
   if (!reg) throw std::runtime_error("register: " + reg.error().to_string());
 }
-
-// Keeps a worker's registry entry live (it lapses after `registry_ttl_s` without a
-// heartbeat, and then the worker is offered nothing) for as long as it exists.
-class heartbeats {
- public:
-  explicit heartbeats(amp::client& w)
-      : thread_([this, &w] {
-          auto every = std::chrono::seconds(std::max(1, w.heartbeat_s()));
-          std::unique_lock lock(mu_);
-          while (!cv_.wait_for(lock, every, [this] { return stop_; })) {
-            lock.unlock();
-            if (auto r = w.heartbeat(); !r) {
-              std::fprintf(stderr, "amp-bench-tasks: heartbeat: %s\n",
-                           r.error().to_string().c_str());
-            }
-            lock.lock();
-          }
-        }) {}
-  ~heartbeats() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
-  heartbeats(const heartbeats&) = delete;
-  heartbeats& operator=(const heartbeats&) = delete;
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 using amp::bench::body_at;
 

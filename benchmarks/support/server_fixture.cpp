@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -27,9 +28,12 @@ using namespace std::chrono_literals;
 
 server_process::server_process(const std::string& nats_url, std::uint16_t port,
                                const std::string& name)
-    : server_process(server_settings{
-          .nats_url = nats_url, .port = port, .name = name, .extra_config = {}, .extra_args = {}}) {
-}
+    : server_process(server_settings{.nats_url = nats_url,
+                                     .port = port,
+                                     .name = name,
+                                     .extra_config = {},
+                                     .nats_options = {},
+                                     .extra_args = {}}) {}
 
 server_process::server_process(server_settings s) : port_(s.port) {
   dir_ = std::filesystem::temp_directory_path() / fmt::format("{}-{}", s.name, ::getpid());
@@ -40,7 +44,9 @@ server_process::server_process(server_settings s) : port_(s.port) {
       R"("limits":{{"max_sessions":100000}},)"
       R"("policy":{{"default":{{"rate":{{"per_s":1000000,"burst":1000000,"bytes_per_s":1e12}},)"
       R"("ops":{{"per_s":1e9,"burst":1e9}}}}}}}})",
-      s.port, s.nats_url.empty() ? "" : fmt::format(R"("nats":{{"url":"{}"}},)", s.nats_url),
+      s.port,
+      s.nats_url.empty() ? ""
+                         : fmt::format(R"("nats":{{"url":"{}"{}}},)", s.nats_url, s.nats_options),
       s.extra_config, k_secret);
   auto log = (dir_ / "server.log").string();
   const char* chosen = std::getenv("AMP_BENCH_SERVER");
@@ -139,6 +145,33 @@ std::unique_ptr<amp::client> connect(const std::string& url, const std::string& 
     if (attempt > 100) throw std::runtime_error("cannot connect: " + c.error().to_string());
     std::this_thread::sleep_for(50ms);
   }
+}
+
+bool expected_refusal(const amp::error& e) {
+  return e.code() == amp::errc::conflict || e.code() == amp::errc::not_found ||
+         e.code() == amp::errc::lease_lost;
+}
+
+heartbeats::heartbeats(amp::client& w)
+    : thread_([this, &w] {
+        auto every = std::chrono::seconds(std::max(1, w.heartbeat_s()));
+        std::unique_lock lock(mu_);
+        while (!cv_.wait_for(lock, every, [this] { return stop_; })) {
+          lock.unlock();
+          if (auto r = w.heartbeat(); !r) {
+            std::fprintf(stderr, "heartbeat: %s\n", r.error().to_string().c_str());
+          }
+          lock.lock();
+        }
+      }) {}
+
+heartbeats::~heartbeats() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  thread_.join();
 }
 
 void countdown::done() {

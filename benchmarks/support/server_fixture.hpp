@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "amp/client.hpp"
@@ -35,6 +36,9 @@ struct server_settings {
   /// (`"heartbeat_s":10,`); they must not repeat `listen`, `nats`, `auth`, `limits` or
   /// `policy`.
   std::string extra_config;
+  /// Members added to the generated `nats` object, each preceded by a comma
+  /// (`,"replicas":3`); only with `nats_url`.
+  std::string nats_options;
   /// Command-line arguments added after `--config FILE` (`--io-threads`, `--workers` …).
   std::vector<std::string> extra_args;
 };
@@ -76,6 +80,29 @@ std::string token(const std::string& sub, const std::string& ns);
 /// is not up yet. Throws `std::runtime_error` when it cannot.
 std::unique_ptr<amp::client> connect(const std::string& url, const std::string& sub,
                                      const std::string& ns);
+
+/// True for a refusal of `claim` or `complete` a task run can meet without being wrong:
+/// the offer moved on, or the lease did (the task is offered again). Anything else
+/// (`rate_limited`, say) means the measurement is not what it claims.
+bool expected_refusal(const amp::error& e);
+
+/// Heartbeats a client every `heartbeat_s` (at least every second) on a thread of its own,
+/// from construction to destruction: a worker's registry entry lapses after
+/// `registry_ttl_s` without one, and then it is offered nothing. A failed heartbeat is
+/// reported on stderr and the next one tried on time.
+class heartbeats {
+ public:
+  explicit heartbeats(amp::client& w);
+  ~heartbeats();
+  heartbeats(const heartbeats&) = delete;
+  heartbeats& operator=(const heartbeats&) = delete;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 /// Counts down, and wakes a waiter at zero.
 struct countdown {
