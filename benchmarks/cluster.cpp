@@ -442,9 +442,18 @@ class producer {
         origin_(origin) {
     attach();
   }
+  // Closes the connections first: a late answer's callback may still use the members.
   ~producer() {
-    std::lock_guard lock(mu_);
-    if (client_) client_->on_push({});
+    std::shared_ptr<amp::client> last;
+    std::vector<std::shared_ptr<amp::client>> old;
+    {
+      std::lock_guard lock(mu_);
+      last = std::move(client_);
+      old = std::move(old_);
+    }
+    if (last) last->on_push({});
+    last.reset();
+    old.clear();
   }
   producer(const producer&) = delete;
   producer& operator=(const producer&) = delete;
