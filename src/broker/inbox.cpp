@@ -307,12 +307,21 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     auto peer = find_header(m.headers, k_peer_header);
     if (!event || !peer) return;
     if (*event == k_attached_event || *event == k_present_event) {
+      // What this gateway fetched and is still in flight reaches the newly known one's
+      // readers too: it may have been fetched before the word of them came.
+      std::vector<message> ours;
       {
         std::lock_guard lock(mu_);
         if (readers_.empty()) return;  // it learns of readers here when they come
-        peers_.emplace(*peer);
+        if (peers_.emplace(*peer).second) {
+          for (const auto& [seq, f] : in_flight_)
+            if (!f.forwarded) ours.push_back(f.msg);
+        }
       }
       if (*event == k_attached_event) announce(k_present_event);
+      if (auto backend = backend_.lock(); backend) {
+        for (const auto& msg : ours) tell_peers(*backend, k_delivered_event, msg, true);
+      }
       return;
     }
     if (*event == k_detached_event) {

@@ -798,6 +798,30 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "inbox: what one gateway fetched before it heard of another's readers reaches them too, "
+    "as a first delivery",
+    "[inbox][several]") {
+  setup s(30s);
+  inbox_log here, there;
+  auto r1 = must(s.box->attach(pname("bob"), here.callback()));
+  auto seq = must(s.box->send(note("bob", "alice"))).seq;
+  REQUIRE(here.reaches(1));  // fetched and in flight here, unacked
+  auto other = must(inbox::open(s.fx->shared_transport(), s.cfg));
+  auto r2 = must(other->attach(pname("bob"), there.callback()));
+  REQUIRE(there.reaches(1));
+  CHECK(there.at(0).seq == seq);
+  CHECK(there.at(0).delivery == 1);
+  CHECK(there.at(0).env == here.at(0).env);
+  // Acked there: settled here too.
+  must(r2->ack(seq));
+  quiet_period(*s.fx);
+  CHECK(code_of(r1->ack(seq)) == errc::not_found);
+  CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
+  CHECK(here.size() == 1);
+  CHECK(there.size() == 1);
+}
+
+TEST_CASE(
     "inbox: a participant read through two inbox objects (two gateways) gets every message on "
     "both, and an ack on either settles it",
     "[inbox][several]") {
