@@ -27,12 +27,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -164,11 +164,6 @@ class fleet {
   int size() const { return static_cast<int>(servers_.size()); }
   std::string url(int i) const { return servers_[static_cast<std::size_t>(i % size())]->url(); }
   server_process& server(int i) { return *servers_[static_cast<std::size_t>(i)]; }
-  double cpu_seconds() const {
-    double sum = 0;
-    for (const auto& s : servers_) sum += amp::bench::cpu_seconds(s->pid());
-    return sum;
-  }
   std::vector<double> cpu_each() const {
     std::vector<double> v;
     for (const auto& s : servers_) v.push_back(amp::bench::cpu_seconds(s->pid()));
@@ -202,18 +197,17 @@ class cpu_meter {
         nats_(nats_cpu_seconds(c)),
         self_(cpu_seconds_self()) {}
   costs per(int items) const {
+    const double us = 1e6 / items;
     auto now = fleet_.cpu_each();
     costs k;
     for (std::size_t i = 0; i < now.size(); ++i) {
-      double spent = now[i] - servers_[i];
+      double spent = (now[i] - servers_[i]) * us;
       k.servers_us += spent;
       k.busiest_server_us = std::max(k.busiest_server_us, spent);
     }
-    k.nats_us = nats_cpu_seconds(cluster_) - nats_;
-    k.clients_us = cpu_seconds_self() - self_;
-    auto scale = 1e6 / items;
-    return {k.servers_us * scale, k.busiest_server_us * scale, k.nats_us * scale,
-            k.clients_us * scale};
+    k.nats_us = (nats_cpu_seconds(cluster_) - nats_) * us;
+    k.clients_us = (cpu_seconds_self() - self_) * us;
+    return k;
   }
 
  private:
@@ -222,6 +216,11 @@ class cpu_meter {
   std::vector<double> servers_;
   double nats_, self_;
 };
+
+// Acks a `message` push.
+void ack(amp::client& c, const amp::client_frame& m) {
+  (void)c.notify("ack", fmt::format(R"("seq":{})", m.int_at("/seq").value_or(0)));
+}
 
 // A worker that claims and completes every offer with the task's body as its result, and
 // counts the completes the server accepted per task.
@@ -324,6 +323,31 @@ void send_windowed(amp::client& c, const char* op, const std::string& fields, in
   cv.wait(lock, [&] { return in_flight == 0; });
 }
 
+// Spreads `n` requests `op` over `clients` (a thread each, `send_windowed`, the i-th with
+// `fields(i)`, at `rate` per second in all when above 0) and waits until `done` has counted
+// down; returns the rate from the first request to the end, with the CPU per request in
+// `spent`. Throws `std::runtime_error` when `done` does not finish in 600 s.
+double drive(std::vector<std::unique_ptr<amp::client>>& clients, const char* op,
+             const std::function<std::string(int)>& fields, int n, int window, double rate,
+             countdown& done, const cpu_meter& meter, costs& spent) {
+  const int k = static_cast<int>(clients.size());
+  auto start = steady::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < k; ++i) {
+    int share = n / k + (i < n % k ? 1 : 0);
+    threads.emplace_back(
+        [&c = *clients[static_cast<std::size_t>(i)], op, text = fields(i), share, window, rate, k,
+         start, &done] { send_windowed(c, op, text, share, window, rate / k, start, done); });
+  }
+  for (auto& t : threads) t.join();
+  bool finished = done.wait(600s);
+  double seconds = std::chrono::duration<double>(steady::now() - start).count();
+  spent = meter.per(n);
+  if (!finished)
+    throw std::runtime_error(fmt::format("{} run did not finish: {}", op, done.unfinished()));
+  return n / seconds;
+}
+
 // Submits `n` tasks spread over the producers, as fast as the submit windows allow, or at
 // `rate` tasks/s in all when it is above 0; returns tasks/s from the first submit to the
 // last completion notice.
@@ -342,30 +366,17 @@ double run_tasks(fleet& f, const amp::testing::nats_cluster& cluster, int n, con
     amp::client& p = *producers.back();
     p.on_push([&p, &finished](const amp::client_frame& m) {
       if (m.op() != "message") return;
-      (void)p.notify("ack", fmt::format(R"("seq":{})", m.int_at("/seq").value_or(0)));
+      ack(p, m);
       if (m.string_at("/envelope/type") == "amp.task.completed") finished.done();
     });
   }
   cpu_meter meter(f, cluster);
-  auto start = steady::now();
-  std::vector<std::thread> submitters;
-  for (int i = 0; i < k_producers; ++i) {
-    int share = n / k_producers + (i < n % k_producers ? 1 : 0);
-    submitters.emplace_back(
-        [&p = *producers[static_cast<std::size_t>(i)], share, &finished, rate, start] {
-          send_windowed(p, "submit", R"("job":"bench","body":{"n":1})", share, k_submit_window,
-                        rate / k_producers, start, finished);
-        });
-  }
-  for (auto& t : submitters) t.join();
-  bool done = finished.wait(600s);
-  double seconds = std::chrono::duration<double>(steady::now() - start).count();
-  spent = meter.per(n);
-  for (auto& p : producers) p->on_push({});
-  if (!done) throw std::runtime_error("task run did not finish: " + finished.unfinished());
+  auto per_s = drive(
+      producers, "submit", [](int) { return std::string(R"("job":"bench","body":{"n":1})"); }, n,
+      k_submit_window, rate, finished, meter, spent);
   std::lock_guard lock(wt.mu);
   if (!wt.failure.empty()) throw std::runtime_error("task run: " + wt.failure);
-  return n / seconds;
+  return per_s;
 }
 
 double run_messages(fleet& f, const amp::testing::nats_cluster& cluster, int n,
@@ -378,28 +389,16 @@ double run_messages(fleet& f, const amp::testing::nats_cluster& cluster, int n,
     amp::client& r = *recipients.back();
     r.on_push([&r, &received](const amp::client_frame& fr) {
       if (fr.op() != "message") return;
-      (void)r.notify("ack", fmt::format(R"("seq":{})", fr.int_at("/seq").value_or(0)));
+      ack(r, fr);
       received.done();
     });
     senders.push_back(connect(f.url(i), fmt::format("sender{}", i), ns));
   }
   cpu_meter meter(f, cluster);
-  auto start = steady::now();
-  std::vector<std::thread> threads;
-  for (int i = 0; i < k_pairs; ++i) {
-    int share = n / k_pairs + (i < n % k_pairs ? 1 : 0);
-    threads.emplace_back([&s = *senders[static_cast<std::size_t>(i)], i, share, &received, start] {
-      send_windowed(s, "send", fmt::format(R"("to":"recipient{}","body":{{"n":1}})", i), share,
-                    k_send_window, 0, start, received);
-    });
-  }
-  for (auto& t : threads) t.join();
-  bool done = received.wait(600s);
-  double seconds = std::chrono::duration<double>(steady::now() - start).count();
-  spent = meter.per(n);
-  for (auto& r : recipients) r->on_push({});
-  if (!done) throw std::runtime_error("message run did not finish: " + received.unfinished());
-  return n / seconds;
+  return drive(
+      senders, "send",
+      [](int i) { return fmt::format(R"("to":"recipient{}","body":{{"n":1}})", i); }, n,
+      k_send_window, 0, received, meter, spent);
 }
 
 scale_result run_scale(amp::testing::nats_cluster& cluster, int n_servers, const options& o,
@@ -520,8 +519,10 @@ class producer {
       amp::client* raw = fresh.get();
       raw->on_push([this, raw](const amp::client_frame& f) { on_message(*raw, f); });
       std::lock_guard lock(mu_);
-      if (client_) client_->on_push({});
-      old_.push_back(client_);
+      if (client_) {
+        client_->on_push({});
+        old_.push_back(std::move(client_));
+      }
       client_ = fresh;
       return;
     }
@@ -529,7 +530,7 @@ class producer {
 
   void on_message(amp::client& c, const amp::client_frame& f) {
     if (f.op() != "message") return;
-    (void)c.notify("ack", fmt::format(R"("seq":{})", f.int_at("/seq").value_or(0)));
+    ack(c, f);
     auto type = f.string_at("/envelope/type").value_or("");
     auto key = f.int_at("/envelope/body/result/k");
     double at = std::chrono::duration<double>(steady::now() - origin_).count();
@@ -603,7 +604,6 @@ failover_result run_failover(amp::testing::nats_cluster& cluster, const options&
   amp::testing::leader_probe probe(cluster.url_list());
   auto store = "KV_" + amp::subjects::task_state_bucket();
 
-  std::atomic<bool> pacing{true};
   std::vector<std::thread> pacers;
   int total = static_cast<int>(o.rate * load_s);
   for (int i = 0; i < 2; ++i) {
@@ -620,7 +620,6 @@ failover_result run_failover(amp::testing::nats_cluster& cluster, const options&
           last_retry = steady::now();
         }
       }
-      pacing = false;
     });
   }
   auto at = [&](double s) {
@@ -671,21 +670,22 @@ failover_result run_failover(amp::testing::nats_cluster& cluster, const options&
   }
   r.node_gap_s = longest_gap(times, r.node_killed_at_s, r.server_killed_at_s);
   r.server_gap_s = longest_gap(times, r.server_killed_at_s, load_s);
+  std::set<std::string> twice;
+  for (auto& [task, times_ok] : wt.completed)
+    if (times_ok > 1) twice.insert(task);
+  r.completed_twice = static_cast<int>(twice.size());
   r.submitted = static_cast<int>(book.submitted.size());
   for (auto& [k, task] : book.submitted) {
     if (book.completed.count(k)) {
-      ++r.completed_once;
+      if (!twice.count(task)) ++r.completed_once;
     } else if (book.failed.count(k)) {
       ++r.failed;
     } else {
       ++r.lost;
     }
   }
-  for (auto& [task, times_ok] : wt.completed)
-    if (times_ok > 1) ++r.completed_twice;
   if (!wt.failure.empty())
     std::fprintf(stderr, "amp-bench-cluster: worker: %s\n", wt.failure.c_str());
-  r.completed_once -= r.completed_twice;
   r.task_id_changed = book.task_id_changed;
   r.notices_again = book.notices_again;
   return r;
