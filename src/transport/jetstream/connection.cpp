@@ -401,7 +401,9 @@ void connection::deliver(std::uint64_t token, natsMsg* m) {
   bool finished = false;
   {
     std::lock_guard plock(p->mu);
-    if (p->finished) return;
+    // Its deadline passed meanwhile: a pulled message goes back for redelivery at once
+    // rather than after the consumer's AckWait.
+    if (p->finished) return hand_back(m);
     finished = p->on_msg(m);
     p->finished = finished;
   }
