@@ -14,6 +14,14 @@ function describeFrame(f) {
   return s.length > 300 ? `${s.slice(0, 300)}…` : s;
 }
 
+// An error whose stack is that of `site` (an Error made where the waiting began): a
+// timeout fires from a timer, whose own stack names no test line.
+function errorAt(site, message) {
+  const err = new Error(message);
+  err.stack = `Error: ${message}\n${site.stack.split('\n').slice(1).join('\n')}`;
+  return err;
+}
+
 class Client {
   /**
    * Opens a WebSocket to `url`. `protocols`: the subprotocols to offer (default
@@ -157,6 +165,7 @@ class Client {
    * frames that JSON.stringify of an object cannot produce.
    */
   requestRaw(text, id, { timeoutMs = 15000, what = text.slice(0, 80) } = {}) {
+    const site = new Error();
     return new Promise((resolve, reject) => {
       if (this.isClosed) {
         reject(new Error(`${this.name}: connection closed (${this.closeInfo.code}); cannot send ${what}`));
@@ -165,7 +174,7 @@ class Client {
       const key = JSON.stringify(id);
       const timer = setTimeout(() => {
         this.pending.delete(key);
-        reject(new Error(`${this.name}: no reply to ${what} within ${timeoutMs} ms; last frames: ` +
+        reject(errorAt(site, `${this.name}: no reply to ${what} within ${timeoutMs} ms; last frames: ` +
             this.log.slice(-5).map(describeFrame).join(' | ')));
       }, timeoutMs);
       this.pending.set(key, { resolve, reject, timer, what });
@@ -207,6 +216,7 @@ class Client {
    */
   next(op, timeoutMs = 10000, pred = () => true) {
     const ops = Array.isArray(op) ? op : [op];
+    const site = new Error();
     return new Promise((resolve, reject) => {
       const waiter = {
         check: () => {
@@ -228,7 +238,7 @@ class Client {
       };
       const timer = setTimeout(() => {
         this.waiters = this.waiters.filter((w) => w !== waiter);
-        reject(new Error(`${this.name}: no ${op} within ${timeoutMs} ms; queued: ` +
+        reject(errorAt(site, `${this.name}: no ${op} within ${timeoutMs} ms; queued: ` +
             (this.queue.map(describeFrame).join(' | ') || 'nothing')));
       }, timeoutMs);
       if (!waiter.check()) this.waiters.push(waiter);

@@ -19,6 +19,8 @@ const SETPRIV = ['/usr/bin/setpriv', '/bin/setpriv'].find((p) => fs.existsSync(p
 
 const live = new Set(); // ChildProcess objects not yet reaped
 const dirs = new Set(); // temporary directories to remove at exit
+// AMP_E2E_KEEP=1: temporary directories (with the servers' logs) stay, for a post-mortem.
+const keep = Boolean(process.env.AMP_E2E_KEEP);
 
 function killAllNow() {
   for (const child of live) {
@@ -28,7 +30,7 @@ function killAllNow() {
       // already gone
     }
   }
-  for (const dir of dirs) {
+  for (const dir of keep ? [] : dirs) {
     try {
       fs.rmSync(dir, { recursive: true, force: true });
     } catch {
@@ -37,7 +39,28 @@ function killAllNow() {
   }
 }
 
-process.on('exit', killAllNow);
+// When a test failed, every child's warnings and errors (amp-server's JSON log lines) and
+// its last lines of output go to stderr, which ctest shows with --output-on-failure: what
+// the servers said is often the explanation.
+const REPORT_LINES = 40;
+const children = []; // every Child started, for that post-mortem
+function reportChildren(code) {
+  if (code === 0) return;
+  for (const c of children) {
+    const lines = c.output.trimEnd().split('\n');
+    const warnings = lines.filter((l) => /"level":"(warn|error)"/.test(l)).slice(-REPORT_LINES);
+    const tail = lines.slice(-REPORT_LINES);
+    let text = `\n--- ${c.name} (pid ${c.pid}): ${lines.length} lines of output`;
+    if (warnings.length > 0) text += `; the last ${warnings.length} warnings and errors ---\n${warnings.join('\n')}\n---`;
+    text += ` the last ${tail.length} lines ---\n${tail.join('\n')}\n`;
+    fs.writeSync(2, text);
+  }
+}
+
+process.on('exit', (code) => {
+  reportChildren(code);
+  killAllNow();
+});
 for (const sig of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
   process.once(sig, () => {
     killAllNow();
@@ -55,7 +78,7 @@ setInterval(() => {
 // exit handlers did not run). Once per process.
 let swept = false;
 function sweepStaleDirs() {
-  if (swept) return;
+  if (swept || keep) return;
   swept = true;
   let names = [];
   try {
@@ -90,6 +113,7 @@ function makeTempDir(prefix) {
 
 function removeDir(dir) {
   dirs.delete(dir);
+  if (keep) return;
   fs.rmSync(dir, { recursive: true, force: true });
 }
 
@@ -110,6 +134,7 @@ class Child {
     this.child = spawn(argv[0], argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'] });
     this.pid = this.child.pid;
     live.add(this.child);
+    children.push(this);
     const log = fs.createWriteStream(path.join(dir, `${name}.log`));
     const onData = (chunk) => {
       const text = chunk.toString('utf8');
