@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "amp/json.hpp"
+#include "amp/timestamp.hpp"
 
 namespace amp {
 
@@ -141,6 +142,15 @@ void write_task_error(json_writer& w, const std::optional<task_error>& e) {
   w.key("code").string(e->code);
   w.key("message").string(e->message);
   w.end_object();
+}
+
+void write_time_or_null(json_writer& w, std::string_view key, time_point t) {
+  w.key(key);
+  if (t == time_point{}) {
+    w.null();
+  } else {
+    w.string(format_timestamp_chars(t).view());
+  }
 }
 
 namespace {

@@ -73,4 +73,7 @@ result<void> check_sealed_for(const sealed_envelope& env, const namespace_name& 
 // Writes a task's error as `{"code","message"}`, or null.
 void write_task_error(json_writer& w, const std::optional<task_error>& e);
 
+// Writes `key` and `t` as a timestamp, or null for the epoch.
+void write_time_or_null(json_writer& w, std::string_view key, time_point t);
+
 }  // namespace amp::detail

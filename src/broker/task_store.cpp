@@ -65,15 +65,6 @@ std::optional<task_state> state_from(std::string_view s) {
   return std::nullopt;
 }
 
-void write_time_or_null(json_writer& w, std::string_view key, time_point t) {
-  w.key(key);
-  if (t == time_point{}) {
-    w.null();
-  } else {
-    w.string(format_timestamp_chars(t).view());
-  }
-}
-
 void write_string_or_null(json_writer& w, std::string_view key, const std::string& v) {
   w.key(key);
   if (v.empty()) {
@@ -95,9 +86,9 @@ std::string write_record(const task_record& r, bool stored) {
   w.key("max_attempts").integer(r.max_attempts);
   w.key("submitted_by").string(r.submitted_by);
   write_string_or_null(w, "owner", r.owner);
-  write_time_or_null(w, "lease_expires_at", r.lease_expires_at);
-  write_time_or_null(w, "created_at", r.created_at);
-  write_time_or_null(w, "updated_at", r.updated_at);
+  detail::write_time_or_null(w, "lease_expires_at", r.lease_expires_at);
+  detail::write_time_or_null(w, "created_at", r.created_at);
+  detail::write_time_or_null(w, "updated_at", r.updated_at);
   w.key("result");
   if (r.result.empty()) {
     w.null();
