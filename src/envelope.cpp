@@ -1,5 +1,6 @@
 #include "amp/envelope.hpp"
 
+#include <cstdint>
 #include <optional>
 
 #include "amp/json.hpp"
@@ -58,6 +59,30 @@ result<envelope> parse_envelope(std::string_view json) {
   e.reply_to = string_member(object, "reply_to");
   e.correlation = string_member(object, "correlation");
 
+  dom::object operation;
+  if (!object.at_key("operation").get_object().get(operation)) {
+    operation_ref ref;
+    ref.id = string_member(operation, "id");
+    ref.branch = string_member(operation, "branch");
+    // An integer 1..2^31-1, which the schema lets through written as a double too (2.0).
+    auto attempt = operation.at_key("attempt");
+    std::int64_t whole = 0;
+    double written = 0;
+    if (attempt.get_int64().get(whole) && !attempt.get_double().get(written)) {
+      whole = static_cast<std::int64_t>(written);
+    }
+    ref.attempt = static_cast<int>(whole);
+    if (auto by = string_member(operation, "reply_by"); !by.empty()) {
+      auto t = parse_timestamp(by);
+      if (!t) {
+        return unexpected(errc::invalid_envelope, "at /operation/reply_by: " + t.error().message(),
+                          "/operation/reply_by");
+      }
+      ref.reply_by = std::chrono::floor<std::chrono::milliseconds>(*t);
+    }
+    e.operation = std::move(ref);
+  }
+
   auto ts = parse_timestamp(string_member(object, "ts"));
   if (!ts) {
     return unexpected(errc::invalid_envelope, "at /ts: " + ts.error().message(), "/ts");
@@ -113,6 +138,17 @@ std::string to_json(const envelope& e) {
   }
   if (!e.correlation.empty()) {
     w.key("correlation").string(e.correlation);
+  }
+  if (e.operation) {
+    const auto& o = *e.operation;
+    w.key("operation").begin_object().key("id").string(o.id).key("branch").string(o.branch);
+    w.key("attempt").integer(o.attempt).key("reply_by");
+    if (o.reply_by == time_point{}) {
+      w.null();
+    } else {
+      w.string(format_timestamp_chars(o.reply_by).view());
+    }
+    w.end_object();
   }
   w.end_object();
   return w.take();

@@ -307,26 +307,41 @@ bool covered_by_any(const topic_pattern& sub, std::span<const topic_pattern> gra
   return true;
 }
 
-result<task_id> task_id::make(std::string_view value) {
-  constexpr std::string_view kind = "task id";
+namespace {
+
+// An id the broker makes: `prefix` (`t_`, `o_`) and 1 to 62 of a-z0-9.
+result<void> check_broker_id(std::string_view value, std::string_view prefix,
+                             std::string_view kind) {
   if (value.empty()) return invalid(fmt::format("{} is empty", kind));
-  if (!value.starts_with("t_")) {
-    return invalid(fmt::format("{} {}: must start with \"t_\"", kind, quoted(value)));
+  if (!value.starts_with(prefix)) {
+    return invalid(fmt::format("{} {}: must start with {}", kind, quoted(value), quoted(prefix)));
   }
-  if (value.size() == 2) {
-    return invalid(fmt::format("{} {}: nothing after \"t_\"", kind, quoted(value)));
+  if (value.size() == prefix.size()) {
+    return invalid(fmt::format("{} {}: nothing after {}", kind, quoted(value), quoted(prefix)));
   }
-  for (std::size_t i = 2; i < value.size(); ++i) {
+  for (std::size_t i = prefix.size(); i < value.size(); ++i) {
     const char c = value[i];
     if (is_lower(c) || is_digit(c)) continue;
-    return invalid(fmt::format("{} {}: {} at position {} (allowed after \"t_\": a-z, 0-9)", kind,
-                               quoted(value), describe_byte(c), i));
+    return invalid(fmt::format("{} {}: {} at position {} (allowed after {}: a-z, 0-9)", kind,
+                               quoted(value), describe_byte(c), i, quoted(prefix)));
   }
   if (value.size() > k_max_task_id_length) {
     return invalid(fmt::format("{} {}: is {} characters (at most {})", kind, quoted(value),
                                value.size(), k_max_task_id_length));
   }
+  return {};
+}
+
+}  // namespace
+
+result<task_id> task_id::make(std::string_view value) {
+  if (auto r = check_broker_id(value, "t_", "task id"); !r) return r.error();
   return task_id(std::string(value));
+}
+
+result<operation_id> operation_id::make(std::string_view value) {
+  if (auto r = check_broker_id(value, "o_", "operation id"); !r) return r.error();
+  return operation_id(std::string(value));
 }
 
 }  // namespace amp

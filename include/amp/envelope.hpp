@@ -4,6 +4,7 @@
 /// The envelope: what a message, an event or a task carries (spec §5, §6, §7), and its
 /// JSON form.
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -13,6 +14,16 @@
 #include "amp/result.hpp"
 
 namespace amp {
+
+/// The branch of an operation that a message carries (spec §12): the envelope's
+/// `operation` member, `{"id","branch","attempt","reply_by"}`.
+struct operation_ref {
+  std::string id;         ///< the operation, `o_…`
+  std::string branch;     ///< the member whose branch it is
+  int attempt = 1;        ///< the branch's attempt, which a reply must carry
+  time_point reply_by{};  ///< the operation's deadline; the epoch: none (`null`)
+  friend bool operator==(const operation_ref&, const operation_ref&) = default;
+};
 
 /// A message as stored and delivered. For the optional text fields (`type`, `reply_to`,
 /// `correlation`) the empty string means absent; `headers` may be empty.
@@ -25,8 +36,9 @@ struct envelope {
   time_point ts;     ///< when the broker accepted it; written with millisecond precision
   std::string body;  ///< the body: one serialized JSON value (see `parse_envelope`)
   std::vector<std::pair<std::string, std::string>> headers;  ///< in document order
-  std::string reply_to;     ///< optional participant name to answer to
-  std::string correlation;  ///< optional, 1..256 characters
+  std::string reply_to;                      ///< optional participant name to answer to
+  std::string correlation;                   ///< optional, 1..256 characters
+  std::optional<operation_ref> operation{};  ///< a branch of an operation (spec §12)
 
   friend bool operator==(const envelope&, const envelope&) = default;
 };
@@ -53,7 +65,7 @@ struct envelope {
 result<envelope> parse_envelope(std::string_view json);
 
 /// Writes `e` as a JSON object with the members in the order id, from, to, ns, type, ts,
-/// body, headers, reply_to, correlation; empty optional members are left out. `body` is
+/// body, headers, reply_to, correlation, operation; empty optional members are left out. `body` is
 /// spliced as it is (it must be one JSON value; an empty `body` is written as `null`);
 /// `ts` is written by `format_timestamp`. Nothing is validated.
 /// For an envelope that `parse_envelope` accepts, or one built with valid fields and a
@@ -72,6 +84,7 @@ struct envelope_parts {
   std::string msg_id{};  ///< empty: a new unique one
   std::string reply_to{};
   std::string correlation{};
+  std::optional<operation_ref> operation{};  ///< set by the broker for an operation's branch
 };
 
 /// An envelope as the broker stores it: stamped, checked in the spec's order, and written

@@ -166,6 +166,17 @@ class task_id final : public detail::validated_name<task_id> {
   explicit task_id(std::string value) : validated_name(std::move(value)) {}
 };
 
+/// An operation id (spec §12), made by the broker and sent back by clients:
+/// `^o_[0-9a-z]{1,62}$`.
+class operation_id final : public detail::validated_name<operation_id> {
+ public:
+  /// Validates `value`. Errors: `invalid_name` when it is outside the grammar.
+  static result<operation_id> make(std::string_view value);
+
+ private:
+  explicit operation_id(std::string value) : validated_name(std::move(value)) {}
+};
+
 }  // namespace amp
 
 /// Hashing of the names, by their string value.
@@ -202,6 +213,12 @@ struct std::hash<amp::topic_pattern> {
 template <>
 struct std::hash<amp::task_id> {
   std::size_t operator()(const amp::task_id& n) const noexcept {
+    return std::hash<std::string_view>{}(n.view());
+  }
+};
+template <>
+struct std::hash<amp::operation_id> {
+  std::size_t operator()(const amp::operation_id& n) const noexcept {
     return std::hash<std::string_view>{}(n.view());
   }
 };

@@ -192,6 +192,7 @@ result<sealed_envelope> sealed_envelope::seal(envelope_parts parts, std::string_
   e.headers = std::move(parts.headers);
   e.reply_to = std::move(parts.reply_to);
   e.correlation = std::move(parts.correlation);
+  e.operation = std::move(parts.operation);
   if (auto r = detail::check_parts(e.body, e.from, e.reply_to); !r) return r.error();
   auto json = to_json(e);
   auto parsed = parse_envelope(json);

@@ -11,6 +11,7 @@
 #include <simdjson.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string_view>
 
@@ -94,6 +95,43 @@ inline bool headers_ok(simdjson::dom::element value) {
   return true;
 }
 
+// `^o_[0-9a-z]{1,62}$` (an operation id).
+inline bool operation_id_shape(std::string_view s) {
+  if (s.size() < 3 || s.size() > 64 || !s.starts_with("o_")) return false;
+  for (char c : s.substr(2)) {
+    if (!is_digit(c) && !is_lower(c)) return false;
+  }
+  return true;
+}
+
+// `{"id","branch","attempt","reply_by"}`: all four, `attempt` an integer 1..2^31-1,
+// `reply_by` null or a timestamp.
+inline bool operation_ok(simdjson::dom::element value) {
+  simdjson::dom::object operation;
+  if (value.get_object().get(operation)) return false;
+  unsigned required = 0;
+  for (auto [key, v] : operation) {
+    bool ok = true;
+    if (key == "id") {
+      required |= 1;
+      ok = string_that(v, operation_id_shape);
+    } else if (key == "branch") {
+      required |= 2;
+      ok = string_that(v, is_single_token_name);
+    } else if (key == "attempt") {
+      required |= 4;
+      std::int64_t n = 0;
+      ok = v.type() == simdjson::dom::element_type::INT64 && !v.get_int64().get(n) && n >= 1 &&
+           n <= 2147483647;
+    } else if (key == "reply_by") {
+      required |= 8;
+      ok = v.is_null() || string_that(v, timestamp_shape);
+    }
+    if (!ok) return false;
+  }
+  return required == 15;
+}
+
 }  // namespace envelope_check
 
 /// True only when `root` satisfies the envelope schema; false when it does not, or when
@@ -132,6 +170,8 @@ inline bool surely_valid_envelope(simdjson::dom::element root) {
       ok = string_that(value, is_single_token_name);
     } else if (key == "correlation") {
       ok = string_that(value, [](std::string_view s) { return length_within(s, 1, 256); });
+    } else if (key == "operation") {
+      ok = operation_ok(value);
     }
     if (!ok) return false;
   }

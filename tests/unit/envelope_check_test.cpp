@@ -86,6 +86,29 @@ std::vector<std::string> candidate_values() {
       R"({"k":)" + q(repeat("v", 4097)) + "}",
       R"({"k":)" + q(repeat("\xc3\xa9", 4096)) + "}",
       R"({"k":)" + q(std::string("a\0b", 3) + repeat("v", 5000)) + "}",
+      // the `operation` member of an operation's branch
+      R"({"id":"o_1","branch":"bravo","attempt":1,"reply_by":null})",
+      R"({"id":"o_1","branch":"bravo","attempt":2,"reply_by":"2026-11-30T12:00:30.000Z"})",
+      R"({"id":"o_1","branch":"bravo","attempt":1,"reply_by":null,"more":1})",
+      R"({"id":"o_1","branch":"bravo","attempt":0,"reply_by":null})",
+      R"({"id":"o_1","branch":"bravo","attempt":-1,"reply_by":null})",
+      R"({"id":"o_1","branch":"bravo","attempt":1.0,"reply_by":null})",
+      R"({"id":"o_1","branch":"bravo","attempt":1.5,"reply_by":null})",
+      R"({"id":"o_1","branch":"bravo","attempt":"1","reply_by":null})",
+      R"({"id":"o_1","branch":"bravo","attempt":2147483647,"reply_by":null})",
+      R"({"id":"o_1","branch":"bravo","attempt":2147483648,"reply_by":null})",
+      R"({"id":"o_1","branch":"bravo","attempt":18446744073709551615,"reply_by":null})",
+      R"({"id":"t_1","branch":"bravo","attempt":1,"reply_by":null})",
+      R"({"id":"o_","branch":"bravo","attempt":1,"reply_by":null})",
+      R"({"id":"o_A","branch":"bravo","attempt":1,"reply_by":null})",
+      R"({"id":"o_)" + repeat("z", 63) + R"(","branch":"bravo","attempt":1,"reply_by":null})",
+      R"({"id":"o_1","branch":"Bravo","attempt":1,"reply_by":null})",
+      R"({"id":"o_1","branch":"$broker","attempt":1,"reply_by":null})",
+      R"({"id":"o_1","branch":"bravo","attempt":1,"reply_by":"soon"})",
+      R"({"id":"o_1","branch":"bravo","attempt":1,"reply_by":1})",
+      R"({"id":"o_1","branch":"bravo","attempt":1})",
+      R"({"id":"o_1","branch":"bravo","reply_by":null})",
+      R"({"branch":"bravo","attempt":1,"reply_by":null})",
   };
   auto many = [](int n) {
     std::string o = "{";
@@ -108,6 +131,7 @@ const json_members k_valid = {
     {"headers", R"({"k":"v"})"},
     {"reply_to", q("alice")},
     {"correlation", q("c-1")},
+    {"operation", R"({"id":"o_1","branch":"bob","attempt":1,"reply_by":null})"},
 };
 
 }  // namespace

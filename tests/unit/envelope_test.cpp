@@ -107,6 +107,43 @@ TEST_CASE("an envelope survives to_json and parse_envelope unchanged", "[envelop
   REQUIRE(amp::parse_envelope(amp::to_json(system)).value() == system);
 }
 
+TEST_CASE("an operation's branch is written last and read back", "[envelope][operation]") {
+  auto e = sample();
+  e.correlation.clear();
+  e.operation = amp::operation_ref{.id = "o_1", .branch = "bob", .attempt = 2};
+  const auto json = amp::to_json(e);
+  REQUIRE_THAT(json, Catch::EndsWith(R"("reply_to":"alice","operation":{"id":"o_1","branch":"bob",)"
+                                     R"("attempt":2,"reply_by":null}})"));
+  REQUIRE(amp::parse_envelope(json).value() == e);
+
+  e.operation->reply_by = amp::parse_timestamp("2026-11-30T12:00:30.000Z").value();
+  const auto timed = amp::to_json(e);
+  REQUIRE_THAT(timed, Catch::Contains(R"("reply_by":"2026-11-30T12:00:30.000Z")"));
+  REQUIRE(amp::parse_envelope(timed).value() == e);
+
+  auto sealed = amp::sealed_envelope::seal(
+      {.from = "alice", .to = "bob", .body = "1", .operation = e.operation}, "demo", e.ts);
+  REQUIRE(sealed.has_value());
+  REQUIRE(sealed->get().operation == e.operation);
+}
+
+TEST_CASE("a malformed operation member is invalid_envelope", "[envelope][operation]") {
+  for (const char* bad : {R"({"id":"o_1","branch":"bob","attempt":0,"reply_by":null})",
+                          R"({"id":"t_1","branch":"bob","attempt":1,"reply_by":null})",
+                          R"({"id":"o_1","branch":"Bob","attempt":1,"reply_by":null})",
+                          R"({"id":"o_1","branch":"bob","attempt":"1","reply_by":null})",
+                          R"({"id":"o_1","branch":"bob","attempt":1,"reply_by":"later"})",
+                          R"({"id":"o_1","branch":"bob","attempt":1})", R"("o_1")"}) {
+    CAPTURE(bad);
+    const auto e = failure(with_member("operation", bad));
+    REQUIRE(e.code() == amp::errc::invalid_envelope);
+    REQUIRE_THAT(e.path(), Catch::StartsWith("/operation"));
+  }
+  const auto feb30 = failure(with_member(
+      "operation", R"({"id":"o_1","branch":"bob","attempt":1,"reply_by":"2026-02-30T00:00:00Z"})"));
+  REQUIRE(feb30.path() == "/operation/reply_by");
+}
+
 TEST_CASE("bodies of every JSON type round-trip exactly", "[envelope]") {
   for (const char* body : {
            "null",

@@ -18,6 +18,7 @@ namespace {
 
 using amp::job_name;
 using amp::namespace_name;
+using amp::operation_id;
 using amp::participant_name;
 using amp::task_id;
 using amp::topic;
@@ -708,6 +709,22 @@ TEST_CASE("a task id is t_ and 1 to 62 of a-z0-9", "[names][task]") {
       REQUIRE(try_make<task_id>(s).ok == full_match(s, task_regex()));
     }
   }
+}
+
+TEST_CASE("an operation id is o_ and 1 to 62 of a-z0-9, as a task id is t_ and the same",
+          "[names][operation]") {
+  for (const char* ok : {"o_0", "o_01hx9k2m3n4p5q6r7s8t9v0wxyz"}) {
+    REQUIRE(try_make<operation_id>(ok).ok);
+  }
+  REQUIRE(try_make<operation_id>("o_" + std::string(62, 'z')).ok);
+  REQUIRE(rejection<operation_id>("o_" + std::string(63, 'z')) ==
+          "operation id \"o_" + std::string(63, 'z') + "\": is 65 characters (at most 64)");
+  REQUIRE(rejection<operation_id>("") == "operation id is empty");
+  REQUIRE(rejection<operation_id>("o_") == "operation id \"o_\": nothing after \"o_\"");
+  REQUIRE(rejection<operation_id>("t_1") == "operation id \"t_1\": must start with \"o_\"");
+  REQUIRE(rejection<operation_id>("o_aB") ==
+          "operation id \"o_aB\": upper case 'B' at position 3 (allowed after \"o_\": a-z, 0-9)");
+  REQUIRE_FALSE(try_make<task_id>("o_1").ok);
 }
 
 // ---------------------------------------------------------------------------------------
