@@ -15,15 +15,6 @@ namespace {
 
 namespace dom = simdjson::dom;
 
-// The member `name` of an object the envelope schema has accepted, or "" when absent.
-std::string string_member(dom::object object, std::string_view name) {
-  std::string_view value;
-  if (object.at_key(name).get_string().get(value)) {
-    return {};
-  }
-  return std::string(value);
-}
-
 }  // namespace
 
 result<envelope> parse_envelope(std::string_view json) {
@@ -51,19 +42,19 @@ result<envelope> parse_envelope(std::string_view json) {
   // From here on the schema guarantees an object with members of the right types.
   const dom::object object = root.get_object().value_unsafe();
   envelope e;
-  e.id = string_member(object, "id");
-  e.from = string_member(object, "from");
-  e.to = string_member(object, "to");
-  e.ns = string_member(object, "ns");
-  e.type = string_member(object, "type");
-  e.reply_to = string_member(object, "reply_to");
-  e.correlation = string_member(object, "correlation");
+  e.id = detail::string_member(object, "id");
+  e.from = detail::string_member(object, "from");
+  e.to = detail::string_member(object, "to");
+  e.ns = detail::string_member(object, "ns");
+  e.type = detail::string_member(object, "type");
+  e.reply_to = detail::string_member(object, "reply_to");
+  e.correlation = detail::string_member(object, "correlation");
 
   dom::object operation;
   if (!object.at_key("operation").get_object().get(operation)) {
     operation_ref ref;
-    ref.id = string_member(operation, "id");
-    ref.branch = string_member(operation, "branch");
+    ref.id = detail::string_member(operation, "id");
+    ref.branch = detail::string_member(operation, "branch");
     // An integer 1..2^31-1, which the schema lets through written as a double too (2.0).
     auto attempt = operation.at_key("attempt");
     std::int64_t whole = 0;
@@ -72,7 +63,7 @@ result<envelope> parse_envelope(std::string_view json) {
       whole = static_cast<std::int64_t>(written);
     }
     ref.attempt = static_cast<int>(whole);
-    if (auto by = string_member(operation, "reply_by"); !by.empty()) {
+    if (auto by = detail::string_member(operation, "reply_by"); !by.empty()) {
       auto t = parse_timestamp(by);
       if (!t) {
         return unexpected(errc::invalid_envelope, "at /operation/reply_by: " + t.error().message(),
@@ -83,7 +74,7 @@ result<envelope> parse_envelope(std::string_view json) {
     e.operation = std::move(ref);
   }
 
-  auto ts = parse_timestamp(string_member(object, "ts"));
+  auto ts = parse_timestamp(detail::string_member(object, "ts"));
   if (!ts) {
     return unexpected(errc::invalid_envelope, "at /ts: " + ts.error().message(), "/ts");
   }

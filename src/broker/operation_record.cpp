@@ -102,9 +102,8 @@ int rejected(const operation_record& r) noexcept {
 
 std::vector<std::string> missing(const operation_record& r) {
   std::vector<std::string> out;
-  for (const auto& m : r.members) {
-    auto it = r.branches.find(m);
-    if (it == r.branches.end() || !it->second.reply) out.push_back(m);
+  for (const auto& [member, b] : r.branches) {
+    if (!b.reply) out.push_back(member);
   }
   return out;
 }
@@ -121,7 +120,7 @@ bool decide(operation_record& r, time_point now) {
     close(r, operation_state::completed, now);
     return true;
   }
-  const int members = static_cast<int>(r.members.size());
+  const int members = static_cast<int>(r.branches.size());
   if (rejected(r) > members - r.quorum) {
     close(r, operation_state::failed, now);
     return true;
@@ -229,7 +228,7 @@ void write_branch(json_writer& w, const operation_branch& b) {
 
 void write_members(json_writer& w, const operation_record& r) {
   w.key("members").begin_array();
-  for (const auto& m : r.members) w.string(m);
+  for (const auto& [member, b] : r.branches) w.string(member);
   w.end_array();
 }
 
@@ -329,23 +328,6 @@ result<operation_record> bad(std::string_view what) {
   return unexpected(errc::internal, fmt::format("operation record: {}", what));
 }
 
-std::string string_member(dom::object o, std::string_view key) {
-  std::string_view s;
-  if (o[key].get(s) != simdjson::SUCCESS) return {};
-  return std::string(s);
-}
-
-// Absent or null: the epoch.
-std::optional<time_point> time_member(dom::object o, std::string_view key) {
-  dom::element e;
-  if (o[key].get(e) != simdjson::SUCCESS || e.is_null()) return time_point{};
-  std::string_view s;
-  if (e.get(s) != simdjson::SUCCESS) return std::nullopt;
-  auto t = parse_timestamp(s);
-  if (!t) return std::nullopt;
-  return *t;
-}
-
 template <typename Enum, std::size_t N>
 std::optional<Enum> enum_from(std::string_view s, const Enum (&all)[N]) {
   for (auto e : all) {
@@ -366,7 +348,7 @@ std::optional<operation_branch> read_branch(dom::object o) {
   std::int64_t attempt = 0;
   if (o["attempt"].get(attempt) != simdjson::SUCCESS || attempt < 1) return std::nullopt;
   b.attempt = static_cast<int>(attempt);
-  auto st = enum_from(string_member(o, "state"), k_branch_states);
+  auto st = enum_from(detail::string_member(o, "state"), k_branch_states);
   if (!st) return std::nullopt;
   b.state = *st;
   dom::object reply;
@@ -378,7 +360,7 @@ std::optional<operation_branch> read_branch(dom::object o) {
       return std::nullopt;
     }
     out.body = detail::minify(body);
-    auto at = time_member(reply, "at");
+    auto at = detail::time_member(reply, "at");
     if (!at) return std::nullopt;
     out.at = *at;
     b.reply = std::move(out);
@@ -396,28 +378,21 @@ result<operation_record> parse_operation_record(std::string_view json) {
     return bad("not a JSON object");
   }
   operation_record r;
-  r.operation = string_member(o, "operation");
-  r.ns = string_member(o, "ns");
-  r.initiator = string_member(o, "initiator");
-  auto st = enum_from(string_member(o, "state"), k_operation_states);
+  r.operation = detail::string_member(o, "operation");
+  r.ns = detail::string_member(o, "ns");
+  r.initiator = detail::string_member(o, "initiator");
+  auto st = enum_from(detail::string_member(o, "state"), k_operation_states);
   if (r.operation.empty() || !st) return bad("no operation or state");
   r.state = *st;
-  dom::array members;
-  if (o["members"].get(members) != simdjson::SUCCESS) return bad("no members");
-  for (auto m : members) {
-    std::string_view s;
-    if (m.get(s) != simdjson::SUCCESS) return bad("a member is not a string");
-    r.members.emplace_back(s);
-  }
   std::int64_t quorum = 0;
   if (o["quorum"].get(quorum) == simdjson::SUCCESS) r.quorum = static_cast<int>(quorum);
-  auto rule = enum_from(string_member(o, "on_timeout"), k_timeout_rules);
+  auto rule = enum_from(detail::string_member(o, "on_timeout"), k_timeout_rules);
   r.on_timeout = rule.value_or(timeout_rule::failed);
   for (auto [key, field] :
        {std::pair{"created_at", &r.created_at}, std::pair{"updated_at", &r.updated_at},
         std::pair{"timeout_at", &r.timeout_at}}) {
-    auto t = time_member(o, key);
-    if (!t) return bad(fmt::format("{} is not a timestamp", key));
+    auto t = detail::time_member(o, key);
+    if (!t) return bad(t.error().message());
     *field = *t;
   }
   dom::object branches;
@@ -431,12 +406,12 @@ result<operation_record> parse_operation_record(std::string_view json) {
   }
   dom::object err;
   if (o["error"].get(err) == simdjson::SUCCESS) {
-    r.error = task_error{string_member(err, "code"), string_member(err, "message")};
+    r.error = task_error{detail::string_member(err, "code"), detail::string_member(err, "message")};
   }
   bool flag = false;
   if (o["sent"].get(flag) == simdjson::SUCCESS) r.sent = flag;
   if (o["notified"].get(flag) == simdjson::SUCCESS) r.notified = flag;
-  r.idem_key = string_member(o, "idem");
+  r.idem_key = detail::string_member(o, "idem");
   return r;
 }
 

@@ -112,22 +112,6 @@ std::string write_record(const task_record& r, bool stored) {
   return w.take();
 }
 
-result<time_point> time_member(simdjson::dom::object o, std::string_view key) {
-  simdjson::dom::element e;
-  if (o[key].get(e) != simdjson::SUCCESS || e.is_null()) return time_point{};
-  std::string_view s;
-  if (e.get(s) != simdjson::SUCCESS) {
-    return unexpected(errc::internal, fmt::format("task record: {} is not a string", key));
-  }
-  return parse_timestamp(s);
-}
-
-std::string string_member(simdjson::dom::object o, std::string_view key) {
-  std::string_view s;
-  if (o[key].get(s) != simdjson::SUCCESS) return {};
-  return std::string(s);
-}
-
 std::string sha256_hex(std::string_view a, std::string_view b) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
   unsigned int len = 0;
@@ -165,29 +149,29 @@ result<task_record> parse_task_record(std::string_view json) {
     return unexpected(errc::internal, "task record: not a JSON object");
   }
   task_record r;
-  r.task = string_member(o, "task");
-  r.ns = string_member(o, "ns");
-  r.job = string_member(o, "job");
-  auto st = state_from(string_member(o, "state"));
+  r.task = detail::string_member(o, "task");
+  r.ns = detail::string_member(o, "ns");
+  r.job = detail::string_member(o, "job");
+  auto st = state_from(detail::string_member(o, "state"));
   if (!st || r.task.empty()) return unexpected(errc::internal, "task record: no task or state");
   r.state = *st;
   std::int64_t n = 0;
   if (o["attempt"].get(n) == simdjson::SUCCESS) r.attempt = static_cast<int>(n);
   if (o["max_attempts"].get(n) == simdjson::SUCCESS) r.max_attempts = static_cast<int>(n);
-  r.submitted_by = string_member(o, "submitted_by");
-  r.owner = string_member(o, "owner");
+  r.submitted_by = detail::string_member(o, "submitted_by");
+  r.owner = detail::string_member(o, "owner");
   for (auto [key, field] :
        {std::pair{"lease_expires_at", &r.lease_expires_at}, std::pair{"created_at", &r.created_at},
         std::pair{"updated_at", &r.updated_at}}) {
-    auto t = time_member(o, key);
-    if (!t) return t.error();
+    auto t = detail::time_member(o, key);
+    if (!t) return unexpected(errc::internal, "task record: " + t.error().message());
     *field = *t;
   }
   simdjson::dom::element e;
   if (o["result"].get(e) == simdjson::SUCCESS && !e.is_null()) r.result = detail::minify(e);
   simdjson::dom::object err;
   if (o["error"].get(err) == simdjson::SUCCESS) {
-    r.error = task_error{string_member(err, "code"), string_member(err, "message")};
+    r.error = task_error{detail::string_member(err, "code"), detail::string_member(err, "message")};
   }
   simdjson::dom::array holders;
   if (o["holders"].get(holders) == simdjson::SUCCESS) {
@@ -196,8 +180,8 @@ result<task_record> parse_task_record(std::string_view json) {
       if (h.get(s) == simdjson::SUCCESS) r.holders.emplace_back(s);
     }
   }
-  r.ack_token = string_member(o, "ack");
-  r.idem_key = string_member(o, "idem");
+  r.ack_token = detail::string_member(o, "ack");
+  r.idem_key = detail::string_member(o, "idem");
   std::uint64_t seq = 0;
   if (o["job_seq"].get(seq) == simdjson::SUCCESS) r.job_seq = seq;
   bool notified = false;

@@ -34,6 +34,7 @@
 #include "amp/error.hpp"
 #include "amp/result.hpp"
 #include "amp/schema.hpp"
+#include "amp/timestamp.hpp"
 
 namespace amp::detail {
 
@@ -56,6 +57,25 @@ class parser_release {
   static constexpr std::size_t k_keep_bytes = 256 * 1024;
   dom::parser& parser_;
 };
+
+/// Member `key` of `o` when it is a string, else "" (absent, or another type).
+inline std::string string_member(dom::object o, std::string_view key) {
+  std::string_view s;
+  if (o[key].get(s) != simdjson::SUCCESS) return {};
+  return std::string(s);
+}
+
+/// Member `key` of `o` as an instant: the epoch when absent or null. Error `internal`,
+/// naming `key`, when it is not an RFC 3339 string (what a stored record must hold).
+inline result<time_point> time_member(dom::object o, std::string_view key) {
+  dom::element e;
+  if (o[key].get(e) != simdjson::SUCCESS || e.is_null()) return time_point{};
+  std::string_view s;
+  if (e.get(s) == simdjson::SUCCESS) {
+    if (auto t = parse_timestamp(s)) return t;
+  }
+  return unexpected(errc::internal, std::string(key) + " is not a timestamp");
+}
 
 /// The error for text that simdjson refuses.
 inline error not_json_error(simdjson::error_code code) {

@@ -63,13 +63,13 @@ struct operation_record {
   std::string operation;  ///< `o_…`
   std::string ns;
   std::string initiator;
-  std::vector<std::string> members;  ///< sorted, distinct; one branch each
-  int quorum = 0;                    ///< 0: a multicast, which gathers nothing
+  int quorum = 0;  ///< 0: a multicast, which gathers nothing
   timeout_rule on_timeout = timeout_rule::failed;
   operation_state state = operation_state::open;
   time_point created_at{};
   time_point updated_at{};
   time_point timeout_at{};  ///< epoch: no deadline (a multicast)
+  /// One branch per member, by member name: its keys are the members, sorted.
   std::map<std::string, operation_branch, std::less<>> branches;
   /// Why it failed, when that is not the replies' doing: code `timeout` at the deadline.
   std::optional<task_error> error{};
@@ -149,7 +149,8 @@ std::string to_json(const operation_record& r, std::optional<std::string_view> o
 std::string notice_body(const operation_record& r);
 
 /// The record in the broker's own format: the spec's members but `revision`, plus
-/// `on_timeout`, `sent`, `notified`, `idem` and `error`.
+/// `on_timeout`, `sent`, `notified`, `idem` and `error`. (`members` is written for the
+/// reader's sake; reading takes the members from `branches`.)
 std::string to_stored_json(const operation_record& r);
 
 /// Reads a stored record (`to_stored_json`); its revision is 0. `internal` when the text

@@ -26,7 +26,6 @@ operation_record open_op(std::vector<std::string> members, int quorum,
   r.operation = "o_test";
   r.ns = "acme";
   r.initiator = "boss";
-  r.members = members;
   r.quorum = quorum;
   r.on_timeout = rule;
   r.created_at = r.updated_at = t0;
