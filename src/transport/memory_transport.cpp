@@ -305,6 +305,31 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return it->second.msg;
   }
 
+  void do_async_delete_message(std::string_view stream, std::uint64_t seq,
+                               completion<void> done) override {
+    deferred after(sink_);
+    std::lock_guard lock(mu_);
+    auto r = delete_message_locked(stream, seq, after);
+    after.complete<void>(std::move(done), std::move(r));
+  }
+
+  // A pending delivery of the message goes with it (JetStream drops it when it would be
+  // redelivered; here at once), which may let a waiting fetch of its holders go on.
+  result<void> delete_message_locked(std::string_view stream, std::uint64_t seq, deferred& after) {
+    auto* s = find_stream(stream);
+    if (!s) return missing("stream", stream);
+    expire_messages(*s);
+    auto it = s->msgs.find(seq);
+    if (it == s->msgs.end()) {
+      return unexpected(errc::not_found,
+                        fmt::format("no message {} in stream \"{}\"", seq, stream));
+    }
+    auto holders = it->second.holders;
+    remove_message(*s, seq);
+    for (auto* c : holders) serve_waiters(*s, *c, after);
+    return {};
+  }
+
   result<message> do_get_last_message(std::string_view stream,
                                       std::string_view subject_filter) override {
     std::lock_guard lock(mu_);

@@ -90,6 +90,16 @@ result<message> transport::get_last_message(std::string_view stream,
   return do_get_last_message(stream, subject_filter);
 }
 
+void transport::async_delete_message(std::string_view stream, std::uint64_t seq,
+                                     completion<void> done) {
+  if (refused(names(stream), done, "delete_message")) return;
+  do_async_delete_message(stream, seq, std::move(done));
+}
+
+result<void> transport::delete_message(std::string_view stream, std::uint64_t seq) {
+  return detail::wait_for<void>([&](auto h) { async_delete_message(stream, seq, std::move(h)); });
+}
+
 void transport::async_publish(outgoing_message msg, completion<publish_ack> done) {
   if (refused(subjects::check_subject(msg.subject), done, "publish")) return;
   do_async_publish(std::move(msg), std::move(done));

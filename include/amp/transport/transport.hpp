@@ -326,6 +326,13 @@ class transport {
   result<message> get_message(std::string_view stream, std::uint64_t seq);
   /// The last message whose subject matches `subject_filter`; `not_found` if none.
   result<message> get_last_message(std::string_view stream, std::string_view subject_filter);
+  /// Removes the message at `seq` from the stream (a withdrawal: JetStream's message delete,
+  /// without overwriting the data). No consumer delivers it after that: a delivery of it
+  /// that is pending is dropped when it would be redelivered, and an acknowledgement of it
+  /// succeeds and changes nothing. `not_found` when the stream is missing or holds no
+  /// message at `seq` (never stored, removed already, acknowledged from a work queue).
+  void async_delete_message(std::string_view stream, std::uint64_t seq, completion<void> done);
+  result<void> delete_message(std::string_view stream, std::uint64_t seq);
 
   /// Stores a message in the stream capturing its subject. `not_found` when no stream
   /// captures it; `payload_too_large` over `max_msg_size`; `limit_exceeded` when the
@@ -476,6 +483,8 @@ class transport {
   virtual result<stream_info> do_stream_info_of(std::string_view stream) = 0;
   virtual result<void> do_delete_stream(std::string_view stream) = 0;
   virtual result<message> do_get_message(std::string_view stream, std::uint64_t seq) = 0;
+  virtual void do_async_delete_message(std::string_view stream, std::uint64_t seq,
+                                       completion<void> done) = 0;
   virtual result<message> do_get_last_message(std::string_view stream,
                                               std::string_view subject_filter) = 0;
   virtual void do_async_publish(outgoing_message msg, completion<publish_ack> done) = 0;

@@ -59,6 +59,9 @@ class jetstream_backend final : public transport,
   result<message> do_get_last_message(std::string_view stream,
                                       std::string_view subject_filter) override;
 
+  void do_async_delete_message(std::string_view stream, std::uint64_t seq,
+                               completion<void> done) override;
+
   void do_async_publish(outgoing_message msg, completion<publish_ack> done) override;
 
   // ----- consumers --------------------------------------------------------------------

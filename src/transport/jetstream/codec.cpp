@@ -72,6 +72,13 @@ errc code_for_js_error(int err_code, std::string_view description) {
       err_code == k_stream_store_failed) {
     return errc::limit_exceeded;
   }
+  // A message delete that finds nothing fails as "message delete failed" (10057) saying so:
+  // "no message found" below the last sequence, "stream store EOF" past it.
+  if (err_code == k_message_delete_failed &&
+      (description.find("no message found") != std::string_view::npos ||
+       description.find("EOF") != std::string_view::npos)) {
+    return errc::not_found;
+  }
   if (description.find("message size exceeds") != std::string_view::npos) {
     return errc::payload_too_large;
   }

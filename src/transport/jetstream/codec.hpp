@@ -48,6 +48,7 @@ constexpr int k_stream_not_found = 10059;
 constexpr int k_consumer_not_found = 10014;
 constexpr int k_no_message_found = 10037;
 constexpr int k_sequence_not_found = 10043;
+constexpr int k_message_delete_failed = 10057;
 constexpr int k_wrong_last_sequence = 10071;
 constexpr int k_stream_name_in_use = 10058;
 constexpr int k_subjects_overlap = 10065;

@@ -148,6 +148,25 @@ result<message> jetstream_backend::do_get_last_message(std::string_view stream,
                     fmt::format("last message on \"{}\" in stream \"{}\"", subject_filter, stream));
 }
 
+void jetstream_backend::do_async_delete_message(std::string_view stream, std::uint64_t seq,
+                                                completion<void> done) {
+  done = detail::guarded(std::move(done), sink_, "delete_message");
+  auto what = fmt::format("message {} of stream \"{}\"", seq, stream);
+  conn_->request(
+      fmt::format("$JS.API.STREAM.MSG.DELETE.{}", stream),
+      fmt::format(R"({{"seq":{},"no_erase":true}})", seq), {}, conn_->deadline(),
+      [what = std::move(what), done = std::move(done)](result<nats_reply> r) {
+        if (!r) return done(std::move(r).error());
+        simdjson::dom::element doc;
+        if (local_parser().parse(r->data).get(doc) != simdjson::SUCCESS) {
+          return done(unexpected(
+              errc::internal, fmt::format("delete of {}: JetStream answered with bad JSON", what)));
+        }
+        if (auto e = api_error(doc, fmt::format("delete of {}", what))) return done(std::move(*e));
+        done({});
+      });
+}
+
 void jetstream_backend::do_async_publish(outgoing_message msg, completion<publish_ack> done) {
   done = detail::guarded(std::move(done), sink_, "publish");
   if (!msg.msg_id.empty()) msg.headers.emplace_back(detail::k_msg_id_header, msg.msg_id);

@@ -109,6 +109,11 @@ class faulty_transport final : public transport {
   result<message> do_get_message(std::string_view s, std::uint64_t seq) override {
     return inner_->get_message(s, seq);
   }
+  void do_async_delete_message(std::string_view s, std::uint64_t seq,
+                               completion<void> done) override {
+    if (auto e = check("delete_message", s)) return done(std::move(*e));
+    inner_->async_delete_message(s, seq, std::move(done));
+  }
   result<message> do_get_last_message(std::string_view s, std::string_view f) override {
     return inner_->get_last_message(s, f);
   }

@@ -465,5 +465,41 @@ TEST_CASE("acknowledge without a confirmation acks, naks and terms", "[acks][unc
   CHECK(info_of(t, c).num_ack_pending == 0);
 }
 
+TEST_CASE("a deleted message is not delivered again, and an ack of it changes nothing",
+          "[acks][work_queue][delete][time]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "wqdel", retention_policy::work_queue);
+  auto s = create_stream(t, sc);
+  publish_ok(t, subject_in(sc, "a"), "withdrawn");
+  publish_ok(t, subject_in(sc, "a"), "kept");
+  publish_ok(t, subject_in(sc, "a"), "never fetched");
+  auto c = consumer_cfg(*fx, sc, {}, ack_wait);
+  must(t.ensure_consumer(c));
+  auto got = fetch_now(t, c, 2);
+  REQUIRE(got.size() == 2);
+
+  must(t.delete_message(sc.name, 1));  // pending
+  must(t.delete_message(sc.name, 3));  // not yet delivered
+  CHECK(code_of(t.get_message(sc.name, 1)) == errc::not_found);
+  CHECK(state_of(t, sc.name).messages == 1);
+  CHECK(code_of(t.delete_message(sc.name, 1)) == errc::not_found);
+  CHECK(code_of(t.delete_message(sc.name, 99)) == errc::not_found);
+  CHECK(code_of(t.delete_message(sc.name, 0)) == errc::not_found);
+  CHECK(code_of(t.delete_message(fx->unique("nostream"), 1)) == errc::not_found);
+
+  // Past AckWait only the message that is still stored comes again.
+  fx->advance(ack_wait + 1s);
+  auto again = fetch_now(t, c, 10);
+  REQUIRE(seqs_of(again) == std::vector<std::uint64_t>{2});
+  CHECK(again[0].data == "kept");
+  must(t.ack(got[0]));  // the withdrawn one's ack: accepted, nothing changes
+  must(t.ack(again[0]));
+  CHECK(state_of(t, sc.name).messages == 0);
+  fx->advance(ack_wait + 1s);
+  CHECK(fetch_now(t, c, 10).empty());
+  CHECK(info_of(t, c).num_ack_pending == 0);
+}
+
 }  // namespace
 }  // namespace amp::conformance::cases
