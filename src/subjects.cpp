@@ -152,6 +152,19 @@ std::string sweeper_consumer() {
   return "sweeper";
 }
 
+std::string operations_stream(const namespace_name& ns) {
+  return prefixed("AMP_OPS_", ns.view());
+}
+std::string operation_due_subject(const namespace_name& ns) {
+  return ns_subject(ns, "operation", "due");
+}
+std::string deadlines_consumer() {
+  return "deadlines";
+}
+std::string operation_control_subject(const namespace_name& ns) {
+  return ns_subject(ns, "ctl", "operations");
+}
+
 std::string task_control_subject(const namespace_name& ns) {
   return ns_subject(ns, "ctl", "tasks");
 }
@@ -204,6 +217,9 @@ std::string task_state_bucket() {
 }
 std::string task_key(const namespace_name& ns, const task_id& task) {
   return fmt::format("{}.{}", ns.view(), task.view());
+}
+std::string operation_key(const namespace_name& ns, const operation_id& operation) {
+  return fmt::format("{}.{}", ns.view(), operation.view());
 }
 std::string idempotency_key(const namespace_name& ns, std::string_view digest) {
   return fmt::format("{}.idem.{}", ns.view(), digest);

@@ -69,6 +69,21 @@ std::string ended_subject(const namespace_name& ns);
 std::string sweeper_consumer();
 ///@}
 
+/// \name Operations (spec §12)
+/// Stream `AMP_OPS_<ns>` with subject `amp.<ns>.operation.due`: one message per open
+/// operation (what it sends, and its deadline), work-queue retention, one durable consumer
+/// `deadlines` shared by the gateways of the namespace, through which whichever is alive
+/// decides the operation at its deadline, sends what a gateway that died left unsent, and
+/// notifies the initiator. The record is in the task store bucket (`operation_key`).
+///@{
+/// `AMP_OPS_<ns>`.
+std::string operations_stream(const namespace_name& ns);
+/// `amp.<ns>.operation.due`, the one subject of the operations stream.
+std::string operation_due_subject(const namespace_name& ns);
+/// `deadlines`, the durable consumer of the operations stream.
+std::string deadlines_consumer();
+///@}
+
 /// \name Control messages between gateways
 /// Core subjects (no stream captures them): what the brokers of one namespace on several
 /// gateways tell each other.
@@ -76,6 +91,9 @@ std::string sweeper_consumer();
 /// `amp.<ns>.ctl.tasks`: a running task was cancelled (its holder may be connected to
 /// another gateway).
 std::string task_control_subject(const namespace_name& ns);
+/// `amp.<ns>.ctl.operations`: an operation was cancelled (its members may be connected to
+/// another gateway).
+std::string operation_control_subject(const namespace_name& ns);
 /// `amp.<ns>.ctl.inbox.*`: what the inboxes of a namespace on several gateways tell each
 /// other of a participant's deliveries (one subject per participant).
 std::string inbox_control_subjects(const namespace_name& ns);
@@ -117,6 +135,8 @@ std::string registry_key(const participant_name& participant);
 std::string task_state_bucket();
 /// `<ns>.<task>`, the key of a task in the task store.
 std::string task_key(const namespace_name& ns, const task_id& task);
+/// `<ns>.<operation>`, the key of an operation's record in the task store (spec §12).
+std::string operation_key(const namespace_name& ns, const operation_id& operation);
 /// `<ns>.idem.<digest>`, the task store key that binds an idempotency key to a task;
 /// `digest` is the lower-case hex SHA-256 of the submitter and the key (64 characters).
 std::string idempotency_key(const namespace_name& ns, std::string_view digest);

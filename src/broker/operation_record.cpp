@@ -173,6 +173,7 @@ result<int> retry_branch(operation_record& r, std::string_view member, time_poin
   }
   ++b.attempt;
   b.state = branch_state::pending;
+  b.seq = 0;
   r.updated_at = now;
   return b.attempt;
 }
@@ -215,7 +216,7 @@ void write_reply(json_writer& w, const branch_reply& reply) {
   w.key("at").string(format_timestamp_chars(reply.at).view()).end_object();
 }
 
-void write_branch(json_writer& w, const operation_branch& b) {
+void write_branch(json_writer& w, const operation_branch& b, bool stored) {
   w.begin_object().key("attempt").integer(b.attempt).key("state").string(to_string(b.state));
   w.key("reply");
   if (b.reply) {
@@ -223,6 +224,7 @@ void write_branch(json_writer& w, const operation_branch& b) {
   } else {
     w.null();
   }
+  if (stored && b.seq != 0) w.key("seq").integer(b.seq);
   w.end_object();
 }
 
@@ -266,7 +268,7 @@ std::string write_record(const operation_record& r, bool stored,
   for (const auto& [member, b] : r.branches) {
     if (only && member != *only) continue;
     w.key(member);
-    write_branch(w, b);
+    write_branch(w, b, stored);
   }
   w.end_object();
   if (r.error) {
@@ -278,6 +280,7 @@ std::string write_record(const operation_record& r, bool stored,
     if (r.sent) w.key("sent").boolean(true);
     if (r.notified) w.key("notified").boolean(true);
     if (!r.idem_key.empty()) w.key("idem").string(r.idem_key);
+    if (r.due_seq != 0) w.key("due").integer(r.due_seq);
   } else {
     w.key("revision").integer(r.revision);
   }
@@ -365,6 +368,8 @@ std::optional<operation_branch> read_branch(dom::object o) {
     out.at = *at;
     b.reply = std::move(out);
   }
+  std::uint64_t seq = 0;
+  if (o["seq"].get(seq) == simdjson::SUCCESS) b.seq = seq;
   return b;
 }
 
@@ -412,6 +417,8 @@ result<operation_record> parse_operation_record(std::string_view json) {
   if (o["sent"].get(flag) == simdjson::SUCCESS) r.sent = flag;
   if (o["notified"].get(flag) == simdjson::SUCCESS) r.notified = flag;
   r.idem_key = detail::string_member(o, "idem");
+  std::uint64_t due = 0;
+  if (o["due"].get(due) == simdjson::SUCCESS) r.due_seq = due;
   return r;
 }
 

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "amp/broker/operation_record.hpp"
 #include "amp/json.hpp"
 #include "amp/subjects.hpp"
 #include "amp/timestamp.hpp"
@@ -354,43 +355,66 @@ class task_store::sweeper : public std::enable_shared_from_this<sweeper> {
     return at;
   }
 
-  // Removes the ended task `text` (its binding first: a binding whose record is gone would
-  // make a resubmission finish the old task instead of starting a new one), then says what
-  // became of it: removed (or nothing to remove), later (not due: the record changed after
-  // the end) or failed (the backend did not answer).
+  // What the sweeper needs of a stored record: whether it ended, when it last changed and
+  // its idempotency binding (empty: none).
+  struct ending {
+    bool ended = false;
+    time_point updated_at{};
+    std::string idem;
+  };
+
+  // Removes the ended task or operation `text` (its binding first: a binding whose record
+  // is gone would make a resubmission finish the old task instead of starting a new one),
+  // then says what became of it: removed (or nothing to remove), later (not due: the record
+  // changed after the end) or failed (the backend did not answer).
   void remove(const std::string& text, time_point now, removal_done done) {
-    auto id = task_id::make(text);
-    if (!id) return done(outcome::removed, {});  // not an end of ours: drop it
-    auto key = subjects::task_key(ns_, *id);
+    std::string key;
+    std::function<std::optional<ending>(std::string_view)> read;
+    if (auto task = task_id::make(text)) {
+      key = subjects::task_key(ns_, *task);
+      read = [](std::string_view v) -> std::optional<ending> {
+        auto rec = parse_task_record(v);
+        if (!rec) return std::nullopt;
+        return ending{is_terminal(rec->state), rec->updated_at, rec->idem_key};
+      };
+    } else if (auto op = operation_id::make(text)) {
+      key = subjects::operation_key(ns_, *op);
+      read = [](std::string_view v) -> std::optional<ending> {
+        auto rec = parse_operation_record(v);
+        if (!rec) return std::nullopt;
+        return ending{is_closed(rec->state), rec->updated_at, rec->idem_key};
+      };
+    } else {
+      return done(outcome::removed, {});  // not an end of ours: drop it
+    }
     t_->async_kv_get(bucket_, key,
-                     [self = shared_from_this(), id = *id, key, now,
+                     [self = shared_from_this(), text, key, now, read = std::move(read),
                       done = std::move(done)](result<kv_entry> entry) mutable {
                        if (!entry) {
                          const bool gone = entry.error().code() == errc::not_found;
                          return done(gone ? outcome::removed : outcome::failed, {});
                        }
-                       auto rec = parse_task_record(entry->value);
+                       auto rec = read(entry->value);
                        // Not ended (an end whose write lost its race): the write that ends it sends
                        // another.
-                       if (!rec || !is_terminal(rec->state)) return done(outcome::removed, {});
+                       if (!rec || !rec->ended) return done(outcome::removed, {});
                        if (auto until = rec->updated_at + self->retention_; until > now) {
                          return done(outcome::later, until);
                        }
-                       if (rec->idem_key.empty()) return self->erase(key, std::move(done));
-                       self->unbind(id, rec->idem_key, key, std::move(done));
+                       if (rec->idem.empty()) return self->erase(key, std::move(done));
+                       self->unbind(text, rec->idem, key, std::move(done));
                      });
   }
 
   // Removes the binding `idem` when it still names `id`, then the record `key`.
-  void unbind(const task_id& id, const std::string& idem, std::string key, removal_done done) {
+  void unbind(const std::string& id, const std::string& idem, std::string key, removal_done done) {
     t_->async_kv_get(bucket_, idem,
                      [self = shared_from_this(), id, idem, key = std::move(key),
                       done = std::move(done)](result<kv_entry> bound) mutable {
                        if (!bound && bound.error().code() != errc::not_found) {
                          return done(outcome::failed, {});
                        }
-                       if (!bound || bound->value != id.view())
-                         return self->erase(key, std::move(done));
+                       if (!bound || bound->value != id) return self->erase(key, std::move(done));
                        self->t_->async_kv_erase(self->bucket_, idem,
                                                 [self, key = std::move(key),
                                                  done = std::move(done)](result<void> r) mutable {
@@ -559,6 +583,14 @@ void task_store::async_update(task_record r, completion<task_record> done) {
   write(std::move(r), key, std::move(done));
 }
 
+void task_store::operation_ended(const namespace_name& ns, const operation_id& operation) {
+  if (!sweeper_) return;
+  send_end({.subject = subjects::ended_subject(ns),
+            .data = operation.str(),
+            .msg_id = fmt::format("{}.end", operation.view())},
+           0);
+}
+
 void task_store::send_end(outgoing_message end, int attempt) {
   std::weak_ptr<task_store> weak = weak_from_this();
   auto copy = end;
@@ -629,39 +661,67 @@ result<std::vector<task_record>> task_store::history(const namespace_name& ns,
   return out;
 }
 
-result<task_store::binding> task_store::bind_idempotency_key(const namespace_name& ns,
-                                                             const participant_name& submitter,
-                                                             std::string_view key,
-                                                             const task_id& proposed) {
+namespace {
+
+result<void> check_idempotency_key(std::string_view key) {
   if (key.empty() || key.size() > k_max_idempotency_key) {
     return unexpected(errc::bad_request,
                       fmt::format("idempotency_key must be 1 to {} bytes, not {}",
                                   k_max_idempotency_key, key.size()));
   }
-  auto kv_key = subjects::idempotency_key(ns, sha256_hex(submitter.view(), key));
+  return {};
+}
+
+// What the keys of operations are hashed with in place of the initiator's name: no name
+// holds a space, so no submitter's key can stand for an operation's.
+std::string operation_scope(const participant_name& initiator) {
+  return "operation " + initiator.str();
+}
+
+}  // namespace
+
+result<std::pair<std::string, bool>> task_store::bind(const std::string& kv_key,
+                                                      const std::string& proposed) {
   for (int round = 0; round < 3; ++round) {
-    auto created = transport_->kv_create(bucket_, kv_key, proposed.str());
-    if (created) return binding{proposed, true, kv_key};
+    auto created = transport_->kv_create(bucket_, kv_key, proposed);
+    if (created) return std::pair{proposed, true};
     if (created.error().code() != errc::conflict) return created.error();
     auto existing = transport_->kv_get(bucket_, kv_key);
-    if (existing) {
-      auto id = task_id::make(existing->value);
-      if (!id) return unexpected(errc::internal, "idempotency index holds a bad task id");
-      return binding{*id, false, kv_key};
-    }
+    if (existing) return std::pair{std::move(existing->value), false};
     if (existing.error().code() != errc::not_found) return existing.error();
   }
   return unexpected(errc::unavailable, "idempotency index kept changing; try again");
 }
 
+result<task_store::binding> task_store::bind_idempotency_key(const namespace_name& ns,
+                                                             const participant_name& submitter,
+                                                             std::string_view key,
+                                                             const task_id& proposed) {
+  if (auto r = check_idempotency_key(key); !r) return r.error();
+  auto kv_key = subjects::idempotency_key(ns, sha256_hex(submitter.view(), key));
+  auto bound = bind(kv_key, proposed.str());
+  if (!bound) return bound.error();
+  auto id = task_id::make(bound->first);
+  if (!id) return unexpected(errc::internal, "idempotency index holds a bad task id");
+  return binding{*id, bound->second, kv_key};
+}
+
+result<task_store::operation_binding> task_store::bind_operation_key(
+    const namespace_name& ns, const participant_name& initiator, std::string_view key,
+    const operation_id& proposed) {
+  if (auto r = check_idempotency_key(key); !r) return r.error();
+  auto kv_key = subjects::idempotency_key(ns, sha256_hex(operation_scope(initiator), key));
+  auto bound = bind(kv_key, proposed.str());
+  if (!bound) return bound.error();
+  auto id = operation_id::make(bound->first);
+  if (!id) return unexpected(errc::internal, "idempotency index holds a bad operation id");
+  return operation_binding{*id, bound->second, kv_key};
+}
+
 result<std::optional<task_id>> task_store::find_idempotency_key(const namespace_name& ns,
                                                                 const participant_name& submitter,
                                                                 std::string_view key) {
-  if (key.empty() || key.size() > k_max_idempotency_key) {
-    return unexpected(errc::bad_request,
-                      fmt::format("idempotency_key must be 1 to {} bytes, not {}",
-                                  k_max_idempotency_key, key.size()));
-  }
+  if (auto r = check_idempotency_key(key); !r) return r.error();
   auto existing =
       transport_->kv_get(bucket_, subjects::idempotency_key(ns, sha256_hex(submitter.view(), key)));
   if (!existing) {

@@ -93,6 +93,11 @@ TEST_CASE("the NATS mapping spells streams, subjects, consumers and keys as docu
   REQUIRE(subjects::ended_subject(ns) == "amp.demo.task.ended");
   REQUIRE(subjects::sweeper_consumer() == "sweeper");
 
+  REQUIRE(subjects::operations_stream(ns) == "AMP_OPS_demo");
+  REQUIRE(subjects::operation_due_subject(ns) == "amp.demo.operation.due");
+  REQUIRE(subjects::deadlines_consumer() == "deadlines");
+  REQUIRE(subjects::operation_key(ns, must<amp::operation_id>("o_01abc")) == "demo.o_01abc");
+
   // Core messages between gateways: no stream of the namespace may capture them.
   REQUIRE(subjects::task_control_subject(ns) == "amp.demo.ctl.tasks");
   REQUIRE(subjects::inbox_control_subjects(ns) == "amp.demo.ctl.inbox.*");
@@ -101,11 +106,14 @@ TEST_CASE("the NATS mapping spells streams, subjects, consumers and keys as docu
                                   subjects::inbox_control_subject(ns, bob)));
   REQUIRE(subjects::work_control_subject(ns) == "amp.demo.ctl.work");
   REQUIRE(subjects::work_offer_subject(ns, "0a1b") == "amp.demo.ctl.work.0a1b");
+  REQUIRE(subjects::operation_control_subject(ns) == "amp.demo.ctl.operations");
   for (const auto& control :
        {subjects::task_control_subject(ns), subjects::inbox_control_subjects(ns),
-        subjects::work_control_subject(ns), subjects::work_offer_subject(ns, "0a1b")}) {
-    for (const auto& captured : {subjects::inbox_subjects(ns), subjects::job_subjects(ns),
-                                 subjects::ended_subject(ns), subjects::topic_subjects(ns)}) {
+        subjects::work_control_subject(ns), subjects::work_offer_subject(ns, "0a1b"),
+        subjects::operation_control_subject(ns)}) {
+    for (const auto& captured :
+         {subjects::inbox_subjects(ns), subjects::job_subjects(ns), subjects::ended_subject(ns),
+          subjects::topic_subjects(ns), subjects::operation_due_subject(ns)}) {
       CHECK_FALSE(subjects::filters_overlap(captured, control));
     }
   }

@@ -55,6 +55,9 @@ struct operation_branch {
   int attempt = 1;  ///< raised by each retry; a reply must carry the current one
   branch_state state = branch_state::pending;
   std::optional<branch_reply> reply{};
+  /// Not in the spec's record, kept for the broker: the inbox stream sequence of the
+  /// current attempt's message (0: not stored yet), which a cancel withdraws.
+  std::uint64_t seq = 0;
   friend bool operator==(const operation_branch&, const operation_branch&) = default;
 };
 
@@ -76,9 +79,10 @@ struct operation_record {
   std::uint64_t revision = 0;  ///< the revision this record was read at (not stored)
 
   /// Not in the spec's record, kept for the broker:
-  bool sent = false;       ///< every branch's first message is stored
-  bool notified = false;   ///< the initiator's notice of the end is stored
-  std::string idem_key{};  ///< task-store key of its idempotency binding; empty: none
+  bool sent = false;          ///< every branch's first message is stored
+  bool notified = false;      ///< the initiator's notice of the end is stored
+  std::string idem_key{};     ///< task-store key of its idempotency binding; empty: none
+  std::uint64_t due_seq = 0;  ///< its message in the operations stream (what it sends)
 
   friend bool operator==(const operation_record&, const operation_record&) = default;
 };
@@ -115,10 +119,10 @@ result<reply_effect> apply_reply(operation_record& r, std::string_view member, i
 /// multicast is `completed` once `sent`. Sets `updated_at` when it closes.
 bool decide(operation_record& r, time_point now);
 
-/// Sends `member`'s branch again: its attempt is raised by one and it is `pending` again
-/// (a reply carrying an older attempt is then `conflict`). Returns the new attempt.
-/// Errors: `conflict` when the operation is not open, is past its deadline, or the branch
-/// replied; `not_found` when `member` has no branch.
+/// Sends `member`'s branch again: its attempt is raised by one and it is `pending` again,
+/// its message not yet stored (a reply carrying an older attempt is then `conflict`). Returns the
+/// new attempt. Errors: `conflict` when the operation is not open, is past its deadline, or the
+/// branch replied; `not_found` when `member` has no branch.
 result<int> retry_branch(operation_record& r, std::string_view member, time_point now);
 
 /// Records that `member` acknowledged its branch message of `attempt`: `pending` becomes
@@ -149,8 +153,8 @@ std::string to_json(const operation_record& r, std::optional<std::string_view> o
 std::string notice_body(const operation_record& r);
 
 /// The record in the broker's own format: the spec's members but `revision`, plus
-/// `on_timeout`, `sent`, `notified`, `idem` and `error`. (`members` is written for the
-/// reader's sake; reading takes the members from `branches`.)
+/// `on_timeout`, `sent`, `notified`, `idem`, `due`, each branch's `seq`, and `error`. (`members` is
+/// written for the reader's sake; reading takes the members from `branches`.)
 std::string to_stored_json(const operation_record& r);
 
 /// Reads a stored record (`to_stored_json`); its revision is 0. `internal` when the text

@@ -150,6 +150,27 @@ class task_store : public std::enable_shared_from_this<task_store> {
                                                       const participant_name& submitter,
                                                       std::string_view key);
 
+  /// The same index for operations (spec §12): an idempotency key of `initiator` stands
+  /// for one operation. It is kept apart from the keys of `submit` (the same key may name a
+  /// task and an operation). Errors as for `bind_idempotency_key`.
+  struct operation_binding {
+    operation_id operation;
+    bool bound = false;
+    std::string key{};
+  };
+  result<operation_binding> bind_operation_key(const namespace_name& ns,
+                                               const participant_name& initiator,
+                                               std::string_view key, const operation_id& proposed);
+
+  /// Records that the operation whose record is `operation_key(ns, operation)` ended, so
+  /// that the sweeper removes its record, its history and its idempotency binding once the
+  /// retention has passed (as for a task; nothing when records are kept for ever).
+  /// Non-blocking; the end is sent again in the background until it is stored.
+  void operation_ended(const namespace_name& ns, const operation_id& operation);
+
+  /// The bucket the records are in.
+  const std::string& bucket() const noexcept { return bucket_; }
+
   const std::shared_ptr<transport>& backend() const noexcept { return transport_; }
 
   task_store(std::shared_ptr<transport> t, std::string bucket);
@@ -161,6 +182,8 @@ class task_store : public std::enable_shared_from_this<task_store> {
 
  private:
   void write(task_record r, const std::string& key, completion<task_record> done);
+  // Binds `kv_key` to `proposed` unless it is bound already; returns what it is bound to.
+  result<std::pair<std::string, bool>> bind(const std::string& kv_key, const std::string& proposed);
   // Records the end of a task in the stream of ends, until it is stored or this store is
   // gone (`attempt`: how many times it was sent before).
   void send_end(outgoing_message end, int attempt);

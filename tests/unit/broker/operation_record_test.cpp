@@ -86,7 +86,9 @@ TEST_CASE("replies from a non-member or with a stale or future attempt are refus
   CHECK(code_of(amp::apply_reply(r, "alfa", 2, true, "1", t0)) == errc::conflict);
   CHECK(r == before);
 
+  r.branches["alfa"].seq = 5;
   REQUIRE(amp::retry_branch(r, "alfa", t0 + 1s).value() == 2);
+  CHECK(r.branches["alfa"].seq == 0);  // the new attempt's message is not stored yet
   before = r;
   CHECK(code_of(amp::apply_reply(r, "alfa", 1, true, "1", t0 + 2s)) == errc::conflict);
   CHECK(r == before);
@@ -225,6 +227,8 @@ TEST_CASE("an operation record is stored and read back whole", "[operation_recor
   r.sent = true;
   r.notified = true;
   r.idem_key = "acme.idem.abc";
+  r.due_seq = 41;
+  r.branches["charlie"].seq = 12;
   r.revision = 7;
 
   auto back = amp::parse_operation_record(amp::to_stored_json(r));
@@ -233,6 +237,7 @@ TEST_CASE("an operation record is stored and read back whole", "[operation_recor
   back->revision = 7;
   CHECK(*back == r);
   CHECK(back->branches["alfa"].reply->body == "{\"why\":[\"no\"]}");
+  CHECK(amp::to_json(r).find("\"seq\"") == std::string::npos);  // the broker's own
 
   CHECK(code_of(amp::parse_operation_record("[]")) == errc::internal);
   CHECK(code_of(amp::parse_operation_record("{\"operation\":\"o_x\",\"state\":\"open\"}")) ==
