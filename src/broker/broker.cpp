@@ -8,7 +8,7 @@ broker::broker(std::shared_ptr<transport> t, broker_config config)
     : transport_(std::move(t)), config_(std::move(config)) {}
 
 result<std::shared_ptr<broker>> broker::open(std::shared_ptr<transport> t, broker_config config,
-                                             job_events events) {
+                                             job_events events, operation_events ops) {
   auto b = std::make_shared<broker>(t, config);
   auto tasks = task_store::open(t, config);
   if (!tasks) return tasks.error();
@@ -41,6 +41,9 @@ result<std::shared_ptr<broker>> broker::open(std::shared_ptr<transport> t, broke
   auto jobs = job_queue::open(t, config, b->tasks_, std::move(events));
   if (!jobs) return jobs.error();
   b->jobs_ = *jobs;
+  auto operations = operations::open(t, config, b->tasks_, b->inbox_, std::move(ops));
+  if (!operations) return operations.error();
+  b->operations_ = *operations;
   return b;
 }
 

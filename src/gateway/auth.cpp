@@ -492,6 +492,10 @@ bool permissions::may_send(const participant_name& to) const noexcept {
                      [&](const std::string& g) { return g == "*" || g == to.view(); });
 }
 
+bool permissions::may_send_anyone() const noexcept {
+  return std::any_of(send.begin(), send.end(), [](const std::string& g) { return g == "*"; });
+}
+
 bool permissions::may_submit(const job_name& job) const noexcept {
   return std::any_of(submit.begin(), submit.end(),
                      [&](const std::string& g) { return g == "*" || g == job.view(); });

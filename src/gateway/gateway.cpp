@@ -185,9 +185,28 @@ result<std::shared_ptr<detail::ns_state>> gateway::impl::ns_for(const namespace_
     tell_holder("cancelled", holder, task);
   };
 
+  // A cancelled operation: its members connected here are told (every gateway hears it).
+  operation_events op_events;
+  op_events.cancelled = [weak_st](const operation_id& op, const std::vector<std::string>& members) {
+    auto state = weak_st.lock();
+    if (!state) return;
+    std::vector<std::shared_ptr<session::impl>> targets;
+    {
+      std::lock_guard lock(state->mu);
+      for (auto& [key, w] : state->workers) {
+        if (!std::binary_search(members.begin(), members.end(), w.who)) continue;
+        if (auto s = w.s.lock()) targets.push_back(std::move(s));
+      }
+    }
+    json_writer w;
+    w.begin_object().key("op").string("cancelled").key("operation").string(op.view()).end_object();
+    auto frame = w.take();
+    for (auto& s : targets) detail::push(*s, frame, "cancelled");
+  };
+
   auto config = opts.config.broker_for(ns);
   config.run = run;
-  auto b = timed([&] { return broker::open(opts.backend, config, events); });
+  auto b = timed([&] { return broker::open(opts.backend, config, events, op_events); });
   if (!b) {
     log("error", "backend_error",
         fmt::format("\"ns\":{},\"code\":\"{}\",\"message\":{}", json_quote(ns.view()),

@@ -456,6 +456,10 @@ std::span<const session::impl::op_spec> session::impl::ops() {
       {"fail", L::task, 1, &impl::on_fail},
       {"cancel", L::task, 1, &impl::on_cancel},
       {"task", L::task, 1, &impl::on_task},
+      {"scatter", L::none, 1, &impl::on_scatter},
+      {"reply", L::none, 1, &impl::on_reply},
+      {"operation", L::none, 1, &impl::on_operation},
+      {"retry", L::none, 1, &impl::on_retry},
   };
   return table;
 }

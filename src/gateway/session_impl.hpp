@@ -95,6 +95,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   std::shared_ptr<detail::ns_state> ns;
   std::unique_ptr<inbox_reader> reader;
   std::map<std::string, std::shared_ptr<sub_state>, std::less<>> subs;
+  std::map<std::uint64_t, operation_ref> branches_in_flight;  // by inbox seq (remember_branch)
   std::uint64_t next_sub = 1;
   timer_id hello_timer = 0;
   bool counted = false;  // counts in the gateway's sessions
@@ -338,6 +339,19 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   void on_cancel(request& rq);
 
   void on_task(request& rq);
+
+  // ---- operations (session_operations.cpp) ----------------------------------------------
+
+  void on_scatter(request& rq);
+  void on_reply(request& rq);
+  void on_operation(request& rq);
+  void on_retry(request& rq);
+  // `cancel` with `operation` (on_cancel hands it here).
+  void cancel_operation(request& rq);
+  // A branch delivered to this session (its envelope's `operation` names this participant's
+  // branch): remembered by seq until it is acked, which records the branch as delivered.
+  void remember_branch(const inbox_message& m);
+  void branch_acked(std::uint64_t seq);
 
   // ---- bye and close --------------------------------------------------------------------
 

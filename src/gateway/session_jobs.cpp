@@ -257,6 +257,7 @@ void session::impl::on_fail(request& rq) {
 }
 
 void session::impl::on_cancel(request& rq) {
+  if (rq.frame["operation"].error() == simdjson::SUCCESS) return cancel_operation(rq);
   auto here = who();
   const identity& me = *here.first;
   auto& st = here.second;

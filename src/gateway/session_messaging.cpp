@@ -10,6 +10,7 @@ namespace amp {
 using namespace detail::session_util;
 
 void session::impl::deliver(const inbox_message& m) {
+  remember_branch(m);
   json_writer w;
   w.begin_object().key("op").string("message").key("seq").integer(m.seq);
   w.key("delivery").integer(m.delivery).key("envelope").raw(to_json(m.env)).end_object();
@@ -49,6 +50,7 @@ void session::impl::on_ack(request& rq) {
                             : reader->nack(static_cast<std::uint64_t>(seq), delay);
     }
   }
+  if (done && rq.op == "ack") branch_acked(static_cast<std::uint64_t>(seq));
   if (!done) {
     if (done.error().code() == errc::not_found) {
       return fail(

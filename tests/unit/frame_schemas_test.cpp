@@ -26,9 +26,9 @@
 namespace {
 
 const char* const client_ops[] = {
-    "hello",   "register", "heartbeat", "who",       "watch",       "bye",    "send",
-    "ack",     "nack",     "publish",   "subscribe", "unsubscribe", "submit", "claim",
-    "decline", "complete", "fail",      "cancel",    "task",
+    "hello", "register", "heartbeat", "who",         "watch",  "bye",       "send",    "ack",
+    "nack",  "publish",  "subscribe", "unsubscribe", "submit", "claim",     "decline", "complete",
+    "fail",  "cancel",   "task",      "scatter",     "reply",  "operation", "retry",
 };
 const char* const server_ops[] = {
     "ok",       "error",      "message",   "event",       "offer",
@@ -201,6 +201,10 @@ TEST_CASE("frame schemas: the request id is a string of at most 64 characters or
       base = with(base, "task", R"("t_1")");
     }
     if (o == "fail") base = R"({"op":"fail","task":"t_1","error":{"code":"x","message":""}})";
+    if (o == "scatter") base = R"({"op":"scatter","to":["bob"]})";
+    if (o == "reply") base = R"({"op":"reply","operation":"o_1","attempt":1})";
+    if (o == "operation") base = R"({"op":"operation","operation":"o_1"})";
+    if (o == "retry") base = R"({"op":"retry","operation":"o_1","member":"bob"})";
 
     check_frames(op, {
                          {base},
@@ -948,6 +952,66 @@ TEST_CASE("server frame schemas: message, event, sub_dropped, offer", "[frames]"
     CAPTURE(e);
     CHECK(envelope.validate(e).has_value());
   }
+}
+
+TEST_CASE("frame schemas: scatter, reply, operation, retry, and cancel of an operation",
+          "[frames]") {
+  check_frames(
+      "scatter",
+      {
+          {R"({"op":"scatter","id":20,"to":["alfa","bravo"],"body":{"x":1},)"
+           R"("bodies":{"bravo":[2]},"type":"review.request","headers":{"h":"v"},)"
+           R"("quorum":2,"timeout_ms":30000,"on_timeout":"partial",)"
+           R"("idempotency_key":"review-42"})"},
+          {R"({"op":"scatter","audience":"online","include_self":true})"},
+          {R"({"op":"scatter","audience":"all","quorum":1,"timeout_ms":100})"},
+          {R"({"op":"scatter","body":1})", bad, "/to"},
+          {R"({"op":"scatter","to":["a"],"audience":"all"})", bad, ""},
+          {R"({"op":"scatter","audience":"some"})", bad, "/audience"},
+          {R"({"op":"scatter","to":"alfa"})", bad, "/to"},
+          {R"({"op":"scatter","to":[]})", bad, "/to"},
+          {R"({"op":"scatter","to":[1]})", bad, "/to/0"},
+          {R"({"op":"scatter","to":["a"],"quorum":1})", bad, ""},
+          {R"({"op":"scatter","to":["a"],"quorum":0,"timeout_ms":100})", bad, "/quorum"},
+          {R"({"op":"scatter","to":["a"],"quorum":1,"timeout_ms":99})", bad, "/timeout_ms"},
+          {R"({"op":"scatter","to":["a"],"quorum":1,"timeout_ms":86400001})", bad, "/timeout_ms"},
+          {R"({"op":"scatter","to":["a"],"on_timeout":"later"})", bad, "/on_timeout"},
+          {R"({"op":"scatter","to":["a"],"bodies":[1]})", bad, "/bodies"},
+          {R"({"op":"scatter","to":["a"],"include_self":1})", bad, "/include_self"},
+          {R"({"op":"scatter","to":["alfa","Bravo"]})", badname, "/to/1"},
+          {R"({"op":"scatter","to":["a"],"bodies":{"a.b":1}})", badname, "/bodies"},
+      });
+  check_frames("reply",
+               {
+                   {R"({"op":"reply","id":21,"operation":"o_1","attempt":1,)"
+                    R"("accept":false,"body":{"why":"no"}})"},
+                   {R"({"op":"reply","operation":"o_1","attempt":0})"},
+                   {R"({"op":"reply","operation":"o_1"})", bad, "/attempt"},
+                   {R"({"op":"reply","operation":"o_1","attempt":"1"})", bad, "/attempt"},
+                   {R"({"op":"reply","operation":"o_1","attempt":1,"accept":"y"})", bad, "/accept"},
+                   {R"({"op":"reply","attempt":1})", bad, "/operation"},
+                   {R"({"op":"reply","operation":"t_1","attempt":1})", badname, "/operation"},
+               });
+  check_frames("operation", {
+                                {R"({"op":"operation","id":22,"operation":"o_0k3v9z1a"})"},
+                                {R"({"op":"operation","id":22})", bad, "/operation"},
+                                {R"({"op":"operation","operation":"o_"})", badname, "/operation"},
+                            });
+  check_frames("retry",
+               {
+                   {R"({"op":"retry","id":23,"operation":"o_1","member":"bravo"})"},
+                   {R"({"op":"retry","operation":"o_1"})", bad, "/member"},
+                   {R"({"op":"retry","operation":"o_1","member":"Bravo"})", badname, "/member"},
+               });
+  check_frames("cancel", {
+                             {R"({"op":"cancel","id":24,"operation":"o_1"})"},
+                             {R"({"op":"cancel","operation":"o_1","task":"t_1"})", bad, ""},
+                             {R"({"op":"cancel","operation":"O_1"})", badname, "/operation"},
+                         });
+  check_server("cancelled", {
+                                {R"({"op":"cancelled","operation":"o_0k3v9z1a"})"},
+                                {R"({"op":"cancelled","operation":"o_1","task":"t_1"})", bad, ""},
+                            });
 }
 
 TEST_CASE("server frame schemas: presence, lease_lost, cancelled", "[frames]") {

@@ -1,8 +1,8 @@
 #pragma once
 
 /// \file
-/// The broker of one namespace: the five primitives of AMP over one transport, opened
-/// together and wired to each other (a task that ends notifies its submitter's inbox from
+/// The broker of one namespace: the five primitives of AMP and its operations over one transport,
+/// opened together and wired to each other (a task that ends notifies its submitter's inbox from
 /// `$broker`). A C++ service uses it in-process without any server:
 ///
 /// ```cpp
@@ -19,6 +19,7 @@
 #include "amp/broker/config.hpp"
 #include "amp/broker/inbox.hpp"
 #include "amp/broker/job_queue.hpp"
+#include "amp/broker/operations.hpp"
 #include "amp/broker/registry.hpp"
 #include "amp/broker/task_store.hpp"
 #include "amp/broker/topics.hpp"
@@ -32,11 +33,12 @@ class broker {
   /// Opens every primitive of `config.ns` (creating streams, buckets and, when needed,
   /// the registry sweeper). `events.lease_lost` and `events.cancelled` are passed to the
   /// job queue; when neither `events.notify` nor `events.async_notify` is set, notices go to
-  /// the inbox (a `$broker` message) through `async_notify`.
+  /// the inbox (a `$broker` message) through `async_notify`. `ops` is passed to the
+  /// operations (spec §12).
   /// Blocks. Errors: those of the primitives' `open` (`conflict`, `unavailable`,
   /// `bad_request` for a configuration out of range).
   static result<std::shared_ptr<broker>> open(std::shared_ptr<transport> t, broker_config config,
-                                              job_events events = {});
+                                              job_events events = {}, operation_events ops = {});
 
   const broker_config& config() const noexcept { return config_; }
   const std::shared_ptr<transport>& backend() const noexcept { return transport_; }
@@ -46,6 +48,7 @@ class broker {
   amp::registry& registry() const noexcept { return *registry_; }
   amp::job_queue& jobs() const noexcept { return *jobs_; }
   amp::task_store& tasks() const noexcept { return *tasks_; }
+  amp::operations& operations() const noexcept { return *operations_; }
 
   broker(std::shared_ptr<transport> t, broker_config config);
 
@@ -57,6 +60,7 @@ class broker {
   std::shared_ptr<amp::topics> topics_;
   std::shared_ptr<amp::registry> registry_;
   std::shared_ptr<amp::job_queue> jobs_;
+  std::shared_ptr<amp::operations> operations_;
 };
 
 }  // namespace amp

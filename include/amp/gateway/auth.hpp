@@ -77,6 +77,8 @@ struct permissions {
 
   /// True when `send` holds "*" or `to`.
   bool may_send(const participant_name& to) const noexcept;
+  /// True when `send` holds "*" (an operation's audience needs it, spec §12).
+  bool may_send_anyone() const noexcept;
   /// True when `submit` holds "*" or `job`.
   bool may_submit(const job_name& job) const noexcept;
   /// True when `work` holds "*" or `job`.

@@ -1,0 +1,276 @@
+// Session ops: operations (spec §12): scatter, reply, operation, retry, and cancel with
+// `operation`; a branch acknowledged by its member is recorded as delivered.
+
+#include "gateway/session_impl.hpp"
+
+#include <fmt/format.h>
+
+#include "detail/minify.hpp"
+
+namespace amp {
+
+using namespace detail::session_util;
+
+namespace {
+
+operation_id operation_of(dom::element frame) {
+  // The names pass accepted it.
+  return operation_id::make(string_or_empty(frame, "operation")).value();
+}
+
+// The members of a `bodies` object, minified, by member.
+std::map<std::string, std::string, std::less<>> bodies_at(dom::element frame) {
+  std::map<std::string, std::string, std::less<>> out;
+  dom::object bodies;
+  if (frame["bodies"].get(bodies) != simdjson::SUCCESS) return out;
+  for (auto [member, value] : bodies) out.emplace(std::string(member), detail::minify(value));
+  return out;
+}
+
+}  // namespace
+
+void session::impl::on_scatter(request& rq) {
+  auto here = who();
+  const identity& me = *here.first;
+  auto& st = here.second;
+  const bool include_self = bool_or(rq.frame, "include_self", false);
+  const auto audience = string_or_empty(rq.frame, "audience");
+  auto bodies = bodies_at(rq.frame);
+  const auto quorum = static_cast<int>(int_at(rq.frame, "quorum").value_or(0));
+  const auto key = string_or_empty(rq.frame, "idempotency_key");
+
+  // bad_request, after the schemas: what the frame says of itself.
+  std::vector<participant_name> members;
+  dom::array to;
+  if (rq.frame["to"].get(to) == simdjson::SUCCESS) {
+    std::set<std::string, std::less<>> named;
+    for (auto e : to) {
+      auto name = participant_name::make(e.get_string().value()).value();
+      if (name == me.participant && !include_self) continue;
+      if (named.insert(name.str()).second) members.push_back(std::move(name));
+    }
+    if (members.empty()) {
+      return fail(rq, errc::bad_request, "to names nobody but the initiator");
+    }
+    if (quorum > static_cast<int>(members.size())) {
+      return fail(rq, errc::bad_request,
+                  fmt::format("quorum {} is more than the {} members", quorum, members.size()));
+    }
+    for (const auto& [member, body] : bodies) {
+      if (!named.count(member)) {
+        return fail(rq, errc::bad_request,
+                    fmt::format("bodies: {} is not a member", amp::quoted(member)));
+      }
+    }
+  }
+  if (rq.frame["idempotency_key"].error() == simdjson::SUCCESS &&
+      (key.empty() || key.size() > 256)) {
+    return fail(rq, errc::bad_request,
+                fmt::format("idempotency_key must be 1 to 256 bytes, not {}", key.size()));
+  }
+
+  // forbidden: every member must be granted by `send`; an audience needs `send: ["*"]`.
+  if (audience.empty()) {
+    for (const auto& m : members) {
+      if (!me.grants.may_send(m)) {
+        return fail(rq, errc::forbidden,
+                    fmt::format("not granted to send to {}", amp::quoted(m.view())));
+      }
+    }
+  } else if (!me.grants.may_send_anyone()) {
+    return fail(rq, errc::forbidden,
+                fmt::format("audience {} needs the grant send: [\"*\"]", amp::quoted(audience)));
+  }
+
+  // payload_too_large, then invalid_envelope: each body as on `send`.
+  auto body = raw_at(rq.frame, "body");
+  if (body.empty()) body = "null";
+  const auto type = string_or_empty(rq.frame, "type");
+  auto headers = headers_at(rq.frame);
+  std::size_t bytes = body.size();
+  if (auto r = check_body(body); !r) return fail(rq, r.error());
+  for (const auto& [member, b] : bodies) {
+    if (auto r = check_body(b); !r) {
+      return fail(rq, error(r.error().code(), r.error().message(), "/bodies/" + member));
+    }
+    bytes += b.size();
+  }
+  const std::string some = members.empty() ? me.participant.str() : members.front().str();
+  if (auto env = check_envelope(me, some, body, type, headers, {}); !env) {
+    return fail(rq, env.error());
+  }
+  for (const auto& [member, b] : bodies) {
+    if (auto env = check_envelope(me, member, b, type, headers, {}); !env) {
+      auto e = env.error();
+      auto path =
+          e.path().rfind("/body", 0) == 0 ? "/bodies/" + member + e.path().substr(5) : e.path();
+      return fail(rq, error(e.code(), e.message(), std::move(path)));
+    }
+  }
+
+  // rate and budget, once for the whole operation.
+  auto spend = admit(rq, me, bytes);
+  if (!spend) return;
+
+  if (!audience.empty()) {
+    if (audience == "online") {
+      std::lock_guard lock(st->mu);
+      for (const auto& [name, entry] : st->live) {
+        if (name == me.participant.view() && !include_self) continue;
+        members.push_back(participant_name::make(name).value());
+      }
+    } else {
+      // Every participant with an inbox needs a directory of the ns's inboxes, which the
+      // inbox does not keep yet (issue 17).
+      refund(*spend);
+      return fail(rq, errc::bad_request, "audience \"all\" is not supported by this server yet");
+    }
+    std::string outside;
+    for (const auto& [member, b] : bodies) {
+      if (std::none_of(members.begin(), members.end(),
+                       [&](const participant_name& m) { return m.view() == member; })) {
+        outside = member;
+      }
+    }
+    std::optional<error> refused;
+    if (members.empty()) {
+      refused =
+          error(errc::bad_request, fmt::format("audience {} is nobody", amp::quoted(audience)));
+    } else if (quorum > static_cast<int>(members.size())) {
+      refused =
+          error(errc::bad_request, fmt::format("quorum {} is more than the {} members of "
+                                               "audience {}",
+                                               quorum, members.size(), amp::quoted(audience)));
+    } else if (members.size() > max_operation_members) {
+      refused = error(errc::bad_request,
+                      fmt::format("audience {} has {} members; an operation has at most {}",
+                                  amp::quoted(audience), members.size(), max_operation_members));
+    } else if (!outside.empty()) {
+      refused =
+          error(errc::bad_request, fmt::format("bodies: {} is not a member", amp::quoted(outside)));
+    }
+    if (refused) {
+      refund(*spend);
+      return fail(rq, *refused);
+    }
+  }
+
+  operation_start start{
+      .initiator = me.participant,
+      .members = std::move(members),
+      .body = std::move(body),
+      .bodies = std::move(bodies),
+      .type = type,
+      .headers = std::move(headers),
+      .quorum = quorum,
+      .timeout = std::chrono::milliseconds(int_at(rq.frame, "timeout_ms").value_or(0)),
+      .on_timeout = string_or_empty(rq.frame, "on_timeout") == "partial" ? timeout_rule::partial
+                                                                         : timeout_rule::failed,
+      .idempotency_key = key};
+  auto started = gw->timed([&] { return st->b->operations().start(std::move(start)); });
+  // A start that failed, or found its key bound (a repeat): the budget unit goes back.
+  if (!started || !started->created) refund(*spend);
+  if (!started) return fail(rq, started.error());
+  json_writer w;
+  w.begin_object().key("operation").string(started->operation.view());
+  w.key("created").boolean(started->created).key("members").begin_array();
+  for (const auto& m : started->members) w.string(m);
+  w.end_array().end_object();
+  reply_members(rq, w.take());
+}
+
+void session::impl::on_reply(request& rq) {
+  auto here = who();
+  const identity& me = *here.first;
+  auto& st = here.second;
+  auto op = operation_of(rq.frame);
+  auto body = raw_at(rq.frame, "body");
+  if (body.empty()) body = "null";
+  if (auto r = check_body(body); !r) return fail(rq, r.error());
+  auto replied = gw->timed([&] {
+    return st->b->operations().reply(op, me.participant, attempt_of(rq.frame).value_or(-1),
+                                     bool_or(rq.frame, "accept", true), std::move(body));
+  });
+  if (!replied) return fail(rq, replied.error());
+  json_writer w;
+  w.begin_object()
+      .key("operation")
+      .string(op.view())
+      .key("state")
+      .string(to_string(replied->state));
+  if (replied->duplicate) w.key("duplicate").boolean(true);
+  w.end_object();
+  reply_members(rq, w.take());
+}
+
+void session::impl::on_operation(request& rq) {
+  auto here = who();
+  const identity& me = *here.first;
+  auto& st = here.second;
+  auto op = operation_of(rq.frame);
+  auto record = gw->timed([&] {
+    return st->b->operations().view(op, {.who = me.participant, .admin = me.grants.admin});
+  });
+  if (!record) return fail(rq, record.error());
+  json_writer w;
+  w.begin_object().key("operation").raw(*record).end_object();
+  reply_members(rq, w.take());
+}
+
+void session::impl::on_retry(request& rq) {
+  auto here = who();
+  const identity& me = *here.first;
+  auto& st = here.second;
+  auto op = operation_of(rq.frame);
+  auto member = participant_name::make(string_or_empty(rq.frame, "member")).value();
+  // A retry counts against the rate, not the budget.
+  if (!take_rate(rq, me, 0)) return;
+  auto attempt = gw->timed([&] { return st->b->operations().retry(op, me.participant, member); });
+  if (!attempt) return fail(rq, attempt.error());
+  json_writer w;
+  w.begin_object().key("operation").string(op.view()).key("member").string(member.view());
+  w.key("attempt").integer(*attempt).end_object();
+  reply_members(rq, w.take());
+}
+
+void session::impl::cancel_operation(request& rq) {
+  auto here = who();
+  const identity& me = *here.first;
+  auto& st = here.second;
+  auto op = operation_of(rq.frame);
+  auto outcome = gw->timed([&] {
+    return st->b->operations().cancel(op, {.who = me.participant, .admin = me.grants.admin});
+  });
+  if (!outcome) return fail(rq, outcome.error());
+  json_writer w;
+  w.begin_object().key("operation").string(op.view()).key("state").string("cancelled");
+  w.key("branches").begin_object();
+  for (const auto& [member, c] : *outcome) w.key(member).string(to_string(c));
+  w.end_object().end_object();
+  reply_members(rq, w.take());
+}
+
+void session::impl::remember_branch(const inbox_message& m) {
+  if (!m.env.operation || m.env.operation->branch != m.env.to) return;
+  std::lock_guard lock(mu);
+  branches_in_flight.insert_or_assign(m.seq, *m.env.operation);
+}
+
+void session::impl::branch_acked(std::uint64_t seq) {
+  std::optional<operation_ref> ref;
+  participant_name me = ident->participant;
+  std::shared_ptr<detail::ns_state> st;
+  {
+    std::lock_guard lock(mu);
+    auto it = branches_in_flight.find(seq);
+    if (it == branches_in_flight.end()) return;
+    ref = std::move(it->second);
+    branches_in_flight.erase(it);
+    st = ns;
+  }
+  auto op = operation_id::make(ref->id);
+  if (!op || !st) return;
+  st->b->operations().async_delivered(*op, me, ref->attempt);
+}
+
+}  // namespace amp
