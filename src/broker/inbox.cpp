@@ -836,6 +836,31 @@ result<std::unique_ptr<inbox_reader>> inbox::attach(
   return std::unique_ptr<inbox_reader>(new inbox_reader(core_, std::move(mailbox), id));
 }
 
+result<std::vector<participant_name>> inbox::participants() {
+  const auto& settings = *core_->settings;
+  auto consumers = core_->backend->consumer_names(settings.stream);
+  if (!consumers) return consumers.error();
+  auto waiting =
+      core_->backend->stream_subjects(settings.stream, subjects::inbox_subjects(settings.ns));
+  if (!waiting) return waiting.error();
+  std::set<std::string, std::less<>> names;
+  const auto consumer_prefix = subjects::inbox_consumer(*participant_name::make("x"));
+  const std::string_view prefix(consumer_prefix.data(), consumer_prefix.size() - 1);
+  for (const auto& c : *consumers) {
+    if (c.starts_with(prefix)) names.insert(c.substr(prefix.size()));
+  }
+  const auto subject_prefix = subjects::inbox_subject(settings.ns, *participant_name::make("x"));
+  const std::string_view under(subject_prefix.data(), subject_prefix.size() - 1);
+  for (const auto& [subject, count] : *waiting) {
+    if (subject.starts_with(under)) names.insert(subject.substr(under.size()));
+  }
+  std::vector<participant_name> out;
+  for (const auto& n : names) {
+    if (auto p = participant_name::make(n)) out.push_back(std::move(*p));  // others: not ours
+  }
+  return out;
+}
+
 const namespace_name& inbox::ns() const noexcept {
   return core_->settings->ns;
 }

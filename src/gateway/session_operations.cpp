@@ -120,10 +120,15 @@ void session::impl::on_scatter(request& rq) {
         members.push_back(participant_name::make(name).value());
       }
     } else {
-      // Every participant with an inbox needs a directory of the ns's inboxes, which the
-      // inbox does not keep yet (issue 17).
-      refund(*spend);
-      return fail(rq, errc::bad_request, "audience \"all\" is not supported by this server yet");
+      auto all = gw->timed([&] { return st->b->inbox().participants(); });
+      if (!all) {
+        refund(*spend);
+        return fail(rq, all.error());
+      }
+      for (auto& name : *all) {
+        if (name == me.participant && !include_self) continue;
+        members.push_back(std::move(name));
+      }
     }
     std::string outside;
     for (const auto& [member, b] : bodies) {

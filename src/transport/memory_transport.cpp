@@ -292,6 +292,29 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return {};
   }
 
+  result<std::map<std::string, std::uint64_t>> do_stream_subjects(
+      std::string_view stream, std::string_view filter) override {
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(stream);
+    if (!s) return missing("stream", stream);
+    expire_messages(*s);
+    std::map<std::string, std::uint64_t> out;
+    for (const auto& [subject, seqs] : s->by_subject) {
+      if (!seqs.empty() && subjects::subject_matches(filter, subject))
+        out.emplace(subject, seqs.size());
+    }
+    return out;
+  }
+
+  result<std::vector<std::string>> do_consumer_names(std::string_view stream) override {
+    std::lock_guard lock(mu_);
+    auto* s = find_stream(stream);
+    if (!s) return missing("stream", stream);
+    std::vector<std::string> out;
+    for (const auto& [name, c] : s->consumers) out.push_back(name);
+    return out;
+  }
+
   result<message> do_get_message(std::string_view stream, std::uint64_t seq) override {
     std::lock_guard lock(mu_);
     auto* s = find_stream(stream);

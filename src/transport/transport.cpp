@@ -73,6 +73,18 @@ result<stream_info> transport::stream_info_of(std::string_view stream) {
   return do_stream_info_of(stream);
 }
 
+result<std::map<std::string, std::uint64_t>> transport::stream_subjects(std::string_view stream,
+                                                                        std::string_view filter) {
+  if (auto r = names(stream); !r) return r.error();
+  if (auto r = subjects::check_filter(filter); !r) return r.error();
+  return do_stream_subjects(stream, filter);
+}
+
+result<std::vector<std::string>> transport::consumer_names(std::string_view stream) {
+  if (auto r = names(stream); !r) return r.error();
+  return do_consumer_names(stream);
+}
+
 result<void> transport::delete_stream(std::string_view stream) {
   if (auto r = names(stream); !r) return r;
   return do_delete_stream(stream);

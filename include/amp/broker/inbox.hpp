@@ -202,6 +202,11 @@ class inbox {
   result<std::unique_ptr<inbox_reader>> attach(
       const participant_name& participant, std::function<void(const inbox_message&)> on_message);
 
+  /// Every participant with an inbox in this namespace (spec §12, the audience `all`), sorted:
+  /// one whose consumer exists (it attached, and has not been idle `inbox_idle_consumer`
+  /// since) or for whom messages wait. Blocks. Errors: `unavailable`.
+  result<std::vector<participant_name>> participants();
+
   /// The namespace of this inbox.
   const namespace_name& ns() const noexcept;
 

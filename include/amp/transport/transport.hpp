@@ -42,6 +42,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -321,6 +322,10 @@ class transport {
   /// `bad_request` as for `ensure_stream`.
   result<stream_info> update_stream(const stream_config& config);
   result<stream_info> stream_info_of(std::string_view stream);
+  /// The subjects of the stream that match `filter` (`*`, `>`) and hold at least one
+  /// message, each with how many it holds. `not_found` for a missing stream.
+  result<std::map<std::string, std::uint64_t>> stream_subjects(std::string_view stream,
+                                                               std::string_view filter);
   result<void> delete_stream(std::string_view stream);
   /// The message at `seq`; `not_found` if there is none (never stored, or removed).
   result<message> get_message(std::string_view stream, std::uint64_t seq);
@@ -352,6 +357,8 @@ class transport {
   /// `conflict` for an overlapping work-queue filter or a change of stream or start position.
   result<consumer_info> update_consumer(const consumer_config& config);
   result<consumer_info> consumer_info_of(std::string_view stream, std::string_view durable);
+  /// The names of the stream's durable consumers, sorted. `not_found` for a missing stream.
+  result<std::vector<std::string>> consumer_names(std::string_view stream);
   result<void> delete_consumer(std::string_view stream, std::string_view durable);
 
   /// Pulls messages from a durable consumer: redeliveries due first, then new messages,
@@ -482,6 +489,9 @@ class transport {
   virtual result<stream_info> do_update_stream(const stream_config& config) = 0;
   virtual result<stream_info> do_stream_info_of(std::string_view stream) = 0;
   virtual result<void> do_delete_stream(std::string_view stream) = 0;
+  virtual result<std::map<std::string, std::uint64_t>> do_stream_subjects(
+      std::string_view stream, std::string_view filter) = 0;
+  virtual result<std::vector<std::string>> do_consumer_names(std::string_view stream) = 0;
   virtual result<message> do_get_message(std::string_view stream, std::uint64_t seq) = 0;
   virtual void do_async_delete_message(std::string_view stream, std::uint64_t seq,
                                        completion<void> done) = 0;

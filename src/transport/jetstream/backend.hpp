@@ -54,6 +54,11 @@ class jetstream_backend final : public transport,
 
   result<void> do_delete_stream(std::string_view stream) override;
 
+  result<std::map<std::string, std::uint64_t>> do_stream_subjects(std::string_view stream,
+                                                                  std::string_view filter) override;
+
+  result<std::vector<std::string>> do_consumer_names(std::string_view stream) override;
+
   result<message> do_get_message(std::string_view stream, std::uint64_t seq) override;
 
   result<message> do_get_last_message(std::string_view stream,

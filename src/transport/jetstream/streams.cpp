@@ -130,6 +130,51 @@ result<stream_info> jetstream_backend::do_stream_info_of(std::string_view stream
   return out;
 }
 
+result<std::map<std::string, std::uint64_t>> jetstream_backend::do_stream_subjects(
+    std::string_view stream, std::string_view filter) {
+  std::string name(stream);
+  std::string subjects_filter(filter);
+  jsOptions o;
+  jsOptions_Init(&o);
+  o.Stream.Info.SubjectsFilter = subjects_filter.c_str();
+  jsStreamInfo* si = nullptr;
+  auto r = with_retry("subjects of stream " + name, [&](jsErrCode& ec) {
+    return js_GetStreamInfo(&si, conn_->js(), name.c_str(), &o, &ec);
+  });
+  if (!r) return r.error();
+  std::map<std::string, std::uint64_t> out;
+  if (si->State.Subjects != nullptr) {
+    for (int i = 0; i < si->State.Subjects->Count; ++i) {
+      const auto& e = si->State.Subjects->List[i];
+      if (e.Msgs > 0) out.emplace(e.Subject, e.Msgs);
+    }
+  }
+  jsStreamInfo_Destroy(si);
+  return out;
+}
+
+result<std::vector<std::string>> jetstream_backend::do_consumer_names(std::string_view stream) {
+  std::string name(stream);
+  jsConsumerNamesList* list = nullptr;
+  auto r = with_retry("consumers of stream " + name, [&](jsErrCode& ec) {
+    return js_ConsumerNames(&list, conn_->js(), name.c_str(), nullptr, &ec);
+  });
+  std::vector<std::string> out;
+  if (!r) {
+    // A stream without consumers answers with no list at all.
+    if (r.error().code() == errc::not_found && list == nullptr) {
+      if (auto exists = do_stream_info_of(stream); exists) return out;
+    }
+    return r.error();
+  }
+  if (list != nullptr) {
+    for (int i = 0; i < list->Count; ++i) out.emplace_back(list->List[i]);
+    jsConsumerNamesList_Destroy(list);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 result<void> jetstream_backend::do_delete_stream(std::string_view stream) {
   std::string name(stream);
   return with_retry("delete stream " + name, [&](jsErrCode& ec) {

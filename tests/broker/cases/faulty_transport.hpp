@@ -106,6 +106,13 @@ class faulty_transport final : public transport {
     return inner_->stream_info_of(s);
   }
   result<void> do_delete_stream(std::string_view s) override { return inner_->delete_stream(s); }
+  result<std::map<std::string, std::uint64_t>> do_stream_subjects(std::string_view s,
+                                                                  std::string_view f) override {
+    return inner_->stream_subjects(s, f);
+  }
+  result<std::vector<std::string>> do_consumer_names(std::string_view s) override {
+    return inner_->consumer_names(s);
+  }
   result<message> do_get_message(std::string_view s, std::uint64_t seq) override {
     return inner_->get_message(s, seq);
   }

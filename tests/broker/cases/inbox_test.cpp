@@ -77,6 +77,21 @@ bool consumer_removed(fixture& fx, const broker_config& cfg, std::string_view wh
 
 }  // namespace
 
+TEST_CASE("inbox: the participants with an inbox are those attached once or with messages",
+          "[inbox]") {
+  setup s;
+  CHECK(must(s.box->participants()).empty());
+  inbox_log log;
+  { auto reader = must(s.box->attach(pname("carol"), log.callback())); }
+  must(s.box->send(note("bob", "alice")));
+  auto sent = must(s.box->send(note("dave", "alice")));
+  auto names = must(s.box->participants());
+  CHECK(names == std::vector<participant_name>{pname("bob"), pname("carol"), pname("dave")});
+  // dave's only message is taken: dave has an inbox no more (never attached).
+  must(s.fx->transport().delete_message(subjects::inbox_stream(s.cfg.ns), sent.seq));
+  CHECK(must(s.box->participants()) == std::vector<participant_name>{pname("bob"), pname("carol")});
+}
+
 TEST_CASE("inbox: a message sent to an offline participant is delivered when it attaches",
           "[inbox]") {
   setup s;

@@ -2,6 +2,7 @@
 // update_stream, stream_info_of, delete_stream, get_message and get_last_message.
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -307,6 +308,46 @@ TEST_CASE("a stream whose subjects overlap another stream's is a conflict", "[st
   CHECK(code_of(t.stream_info_of(b.name)) == errc::not_found);
   // Publishes still go to the first stream.
   CHECK(must(t.publish({.subject = a.name + ".x.y", .data = "x"})).stream == a.name);
+}
+
+TEST_CASE("stream_subjects counts the messages of each subject the filter matches",
+          "[streams][subjects]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "subjects", retention_policy::work_queue);
+  auto s = create_stream(t, sc);
+  CHECK(must(t.stream_subjects(sc.name, sc.name + ".>")).empty());
+  publish_ok(t, subject_in(sc, "inbox.alfa"));
+  publish_ok(t, subject_in(sc, "inbox.alfa"));
+  publish_ok(t, subject_in(sc, "inbox.bravo"));
+  auto gone = publish_ok(t, subject_in(sc, "inbox.charlie"));
+  publish_ok(t, subject_in(sc, "other.x"));
+  must(t.delete_message(sc.name, gone));
+  auto inboxes = must(t.stream_subjects(sc.name, subject_in(sc, "inbox.*")));
+  CHECK(inboxes == std::map<std::string, std::uint64_t>{{subject_in(sc, "inbox.alfa"), 2},
+                                                        {subject_in(sc, "inbox.bravo"), 1}});
+  CHECK(must(t.stream_subjects(sc.name, sc.name + ".>")).size() == 3);
+  CHECK(code_of(t.stream_subjects(fx->unique("nostream"), "a.>")) == errc::not_found);
+  CHECK(code_of(t.stream_subjects(sc.name, "a..b")) == errc::invalid_name);
+}
+
+TEST_CASE("consumer_names lists the durable consumers of a stream, sorted",
+          "[streams][consumers]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "names");
+  auto s = create_stream(t, sc);
+  CHECK(must(t.consumer_names(sc.name)).empty());
+  auto b = consumer_cfg(*fx, sc);
+  b.durable = "inbox_bravo";
+  auto a = consumer_cfg(*fx, sc);
+  a.durable = "inbox_alfa";
+  must(t.ensure_consumer(b));
+  must(t.ensure_consumer(a));
+  CHECK(must(t.consumer_names(sc.name)) == std::vector<std::string>{"inbox_alfa", "inbox_bravo"});
+  must(t.delete_consumer(sc.name, "inbox_alfa"));
+  CHECK(must(t.consumer_names(sc.name)) == std::vector<std::string>{"inbox_bravo"});
+  CHECK(code_of(t.consumer_names(fx->unique("nostream"))) == errc::not_found);
 }
 
 }  // namespace

@@ -237,4 +237,29 @@ TEST_CASE("an online audience is every participant with a live entry but the ini
         "bad_request");
 }
 
+TEST_CASE("an audience of all is every participant with an inbox, connected or not",
+          "[session][operations]") {
+  gateway_rig rig;
+  auto boss = rig.connect("boss");
+  {
+    auto gone = rig.connect("gone");  // attached once: its inbox stays
+    REQUIRE(gone.request(R"({"op":"bye","id":1})", "1").op() == "ok");
+  }
+  auto alfa = rig.connect("alfa");
+  // waiting was never connected, but a message waits for it.
+  REQUIRE(alfa.request(R"({"op":"send","id":1,"to":"waiting","body":1})", "1").op() == "ok");
+  auto ok = boss.request(
+      R"({"op":"scatter","id":2,"audience":"all","body":"hi","quorum":3,"timeout_ms":1000})", "2");
+  REQUIRE(ok.op() == "ok");
+  CHECK(ok.raw("/members") == R"(["alfa","gone","waiting"])");
+  auto five = boss.request(
+      R"({"op":"scatter","id":3,"audience":"all","body":"hi","quorum":5,"timeout_ms":1000,)"
+      R"("include_self":true})",
+      "3");
+  CHECK(five.code() == "bad_request");
+  CHECK(
+      boss.request(R"({"op":"scatter","id":4,"audience":"all","include_self":true,"body":1})", "4")
+          .raw("/members") == R"(["alfa","boss","gone","waiting"])");
+}
+
 }  // namespace
