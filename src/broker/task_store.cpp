@@ -718,6 +718,20 @@ result<task_store::operation_binding> task_store::bind_operation_key(
   return operation_binding{*id, bound->second, kv_key};
 }
 
+result<std::optional<operation_id>> task_store::find_operation_key(
+    const namespace_name& ns, const participant_name& initiator, std::string_view key) {
+  if (auto r = check_idempotency_key(key); !r) return r.error();
+  auto existing = transport_->kv_get(
+      bucket_, subjects::idempotency_key(ns, sha256_hex(operation_scope(initiator), key)));
+  if (!existing) {
+    if (existing.error().code() == errc::not_found) return std::optional<operation_id>{};
+    return existing.error();
+  }
+  auto id = operation_id::make(existing->value);
+  if (!id) return unexpected(errc::internal, "idempotency index holds a bad operation id");
+  return std::optional<operation_id>(*id);
+}
+
 result<std::optional<task_id>> task_store::find_idempotency_key(const namespace_name& ns,
                                                                 const participant_name& submitter,
                                                                 std::string_view key) {

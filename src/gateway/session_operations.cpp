@@ -108,8 +108,18 @@ void session::impl::on_scatter(request& rq) {
     }
   }
 
-  // rate and budget, once for the whole operation.
-  auto spend = admit(rq, me, bytes);
+  // rate and budget, once for the whole operation; a repeat of a bound idempotency key
+  // counts against the rate only, and is answered even when the budget is spent.
+  std::function<result<bool>()> counts;
+  if (!key.empty()) {
+    counts = [&]() -> result<bool> {
+      auto bound =
+          gw->timed([&] { return st->b->tasks().find_operation_key(me.ns, me.participant, key); });
+      if (!bound) return bound.error();
+      return !bound->has_value();
+    };
+  }
+  auto spend = admit(rq, me, bytes, counts);
   if (!spend) return;
 
   if (!audience.empty()) {

@@ -162,6 +162,12 @@ class task_store : public std::enable_shared_from_this<task_store> {
                                                const participant_name& initiator,
                                                std::string_view key, const operation_id& proposed);
 
+  /// The operation an idempotency key of `initiator` is bound to, or `std::nullopt` (a
+  /// read). Errors as for `find_idempotency_key`.
+  result<std::optional<operation_id>> find_operation_key(const namespace_name& ns,
+                                                         const participant_name& initiator,
+                                                         std::string_view key);
+
   /// Records that the operation whose record is `operation_key(ns, operation)` ended, so
   /// that the sweeper removes its record, its history and its idempotency binding once the
   /// retention has passed (as for a task; nothing when records are kept for ever).

@@ -138,8 +138,9 @@ TEST_CASE("a scatter's checks run in the spec's order and refuse without storing
         "invalid_name");
 }
 
-TEST_CASE("an operation counts once against the budget, a repeat of its key not at all",
-          "[session][operations]") {
+TEST_CASE(
+    "an operation counts once against the budget, a repeat of its key not at all, even when spent",
+    "[session][operations]") {
   gateway_rig rig(
       [](amp::server_config& c) { c.participant_policies["boss"].per_day = std::int64_t{2}; });
   auto boss = rig.connect("boss");
@@ -157,6 +158,11 @@ TEST_CASE("an operation counts once against the budget, a repeat of its key not 
   CHECK(again.str("/operation") == first.str("/operation"));
   CHECK(start("c", "k2").op() == "ok");
   CHECK(start("d", "k3").code() == "budget_exhausted");
+  // A repeat is answered with its operation even when the budget is spent.
+  auto spent = start("e", "k1");
+  REQUIRE(spent.op() == "ok");
+  CHECK(spent.str("/operation") == first.str("/operation"));
+  CHECK_FALSE(spent.flag("/created"));
 }
 
 TEST_CASE("a retry sends a branch again, a cancel stops the rest and tells the members",
