@@ -24,13 +24,14 @@ namespace amp {
 namespace {
 
 // The deadlines loop: operations taken per fetch, how long a fetch waits for one, the
-// consumer's AckWait (a gateway that dies holding an operation leaves it to another after
-// this), and how long a fresh operation is left to the gateway that starts it before another
-// sends what it left unsent. A branch sent twice is stored once (its msg_id), so the grace
-// only spares the backend work.
+// consumer's AckWait (a gateway that dies holding an operation, or with a fetch waiting that
+// the server hands it to, leaves it to another after this; a look that takes longer is
+// repeated by another gateway, which is harmless: every change is a compare-and-set), and how long
+// a fresh operation is left to the gateway that starts it before another sends what it left unsent.
+// A branch sent twice is stored once (its msg_id), so the grace only spares the backend work.
 constexpr std::size_t k_due_batch = 32;
 constexpr duration k_due_wait = std::chrono::seconds(5);
-constexpr duration k_due_ack_wait = std::chrono::seconds(30);
+constexpr duration k_due_ack_wait = std::chrono::seconds(5);
 constexpr duration k_resend_grace = std::chrono::seconds(5);
 constexpr duration k_retry_pause = std::chrono::seconds(1);
 // Compare-and-set rounds before a change gives up (`unavailable`): each lost round means
@@ -475,13 +476,14 @@ struct operations::state : std::enable_shared_from_this<operations::state> {
 
   result<void> ensure() {
     if (auto r = detail::ensure_limits(*t, due_stream); !r) return r.error();
-    if (auto r = t->ensure_consumer({.stream = due_stream.name,
-                                     .durable = subjects::deadlines_consumer(),
-                                     .ack_wait = k_due_ack_wait,
-                                     .max_ack_pending = -1});
-        !r) {
-      return r.error();
-    }
+    consumer_config c{.stream = due_stream.name,
+                      .durable = subjects::deadlines_consumer(),
+                      .ack_wait = k_due_ack_wait,
+                      .max_ack_pending = -1};
+    auto r = t->ensure_consumer(c);
+    // Made by another version with other settings: brought to these.
+    if (!r && r.error().code() == errc::conflict) r = t->update_consumer(c);
+    if (!r) return r.error();
     return {};
   }
 
