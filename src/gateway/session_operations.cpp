@@ -141,7 +141,9 @@ void session::impl::on_scatter(request& rq) {
       }
     }
     std::string outside;
-    for (const auto& [member, b] : bodies) {
+    // Not a structured binding: clang before 16 cannot capture one (the fuzz build is 14).
+    for (const auto& entry : bodies) {
+      const std::string& member = entry.first;
       if (std::none_of(members.begin(), members.end(),
                        [&](const participant_name& m) { return m.view() == member; })) {
         outside = member;
