@@ -124,6 +124,13 @@ result<std::string> json_value(std::string_view text, std::string_view what) {
   return detail::minify(e);
 }
 
+// The answer to a start that found its operation made already (its idempotency key).
+operation_started started_earlier(const operation_record& r) {
+  operation_started out{*operation_id::make(r.operation), false, {}};
+  for (const auto& entry : r.branches) out.members.push_back(entry.first);
+  return out;
+}
+
 error no_operation(const operation_id& op) {
   return error(errc::not_found, fmt::format("no operation {}", amp::quoted(op.view())));
 }
@@ -596,8 +603,14 @@ result<operation_started> operations::start(operation_start in) {
   r.operation = op.str();
   m.operation = r.operation;
   m.timeout_at = r.timeout_at;
-  // The envelopes are checked before anything is stored (type, headers, bodies).
-  for (const auto& member : members) {
+  // The envelopes are checked before anything is stored (type, headers, bodies): each body
+  // once, with a member that gets it (the branches differ in nothing else that is checked).
+  std::vector<std::string> checked;
+  auto shared = std::find_if(members.begin(), members.end(),
+                             [&](const std::string& member) { return !m.bodies.count(member); });
+  if (shared != members.end()) checked.push_back(*shared);
+  for (const auto& entry : m.bodies) checked.push_back(entry.first);
+  for (const auto& member : checked) {
     auto env = s.seal(m, r, member, 1, now);
     if (!env) return env.error();
   }
@@ -611,9 +624,7 @@ result<operation_started> operations::start(operation_start in) {
     if (!bound->bound) {
       auto existing = s.read(bound->operation);
       if (existing) {
-        std::vector<std::string> names;
-        for (const auto& [member, b] : existing->branches) names.push_back(member);
-        return operation_started{bound->operation, false, std::move(names)};
+        return started_earlier(*existing);
       }
       if (existing.error().code() != errc::not_found) return existing.error();
       // A start with this key stopped before its record: this one goes on with it.
@@ -645,9 +656,7 @@ result<operation_started> operations::start(operation_start in) {
     if (created.error().code() == errc::conflict) {
       auto existing = s.read(op);
       if (!existing) return existing.error();
-      std::vector<std::string> names;
-      for (const auto& [member, b] : existing->branches) names.push_back(member);
-      return operation_started{op, false, std::move(names)};
+      return started_earlier(*existing);
     }
     (void)s.t->delete_message(s.due_stream.name, due->seq);
     unbind();

@@ -349,9 +349,11 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // `cancel` with `operation` (on_cancel hands it here).
   void cancel_operation(request& rq);
   // A branch delivered to this session (its envelope's `operation` names this participant's
-  // branch): remembered by seq until it is acked, which records the branch as delivered.
+  // branch): remembered by seq until it is acked (`take_branch_locked`, under `mu`, in the
+  // ack's own critical section), which records the branch as delivered (`branch_delivered`).
   void remember_branch(const inbox_message& m);
-  void branch_acked(std::uint64_t seq);
+  std::optional<operation_ref> take_branch_locked(std::uint64_t seq);
+  void branch_delivered(const operation_ref& ref);
 
   // ---- bye and close --------------------------------------------------------------------
 

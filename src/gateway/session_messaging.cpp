@@ -42,15 +42,17 @@ void session::impl::on_ack(request& rq) {
   auto seq = int_at(rq.frame, "seq").value_or(0);
   auto delay = std::chrono::milliseconds(int_at(rq.frame, "delay_ms").value_or(0));
   result<void> done = error(errc::not_found, "no reader");
+  std::optional<operation_ref> branch;
   {
     // ack and nack never block; the reader may be stopped by closed() meanwhile.
     std::lock_guard lock(mu);
     if (reader && seq > 0) {
       done = rq.op == "ack" ? reader->ack(static_cast<std::uint64_t>(seq))
                             : reader->nack(static_cast<std::uint64_t>(seq), delay);
+      if (done && rq.op == "ack") branch = take_branch_locked(static_cast<std::uint64_t>(seq));
     }
   }
-  if (done && rq.op == "ack") branch_acked(static_cast<std::uint64_t>(seq));
+  if (branch) branch_delivered(*branch);
   if (!done) {
     if (done.error().code() == errc::not_found) {
       return fail(

@@ -273,21 +273,20 @@ void session::impl::remember_branch(const inbox_message& m) {
   branches_in_flight.insert_or_assign(m.seq, *m.env.operation);
 }
 
-void session::impl::branch_acked(std::uint64_t seq) {
-  std::optional<operation_ref> ref;
-  participant_name me = ident->participant;
-  std::shared_ptr<detail::ns_state> st;
-  {
-    std::lock_guard lock(mu);
-    auto it = branches_in_flight.find(seq);
-    if (it == branches_in_flight.end()) return;
-    ref = std::move(it->second);
-    branches_in_flight.erase(it);
-    st = ns;
-  }
-  auto op = operation_id::make(ref->id);
-  if (!op || !st) return;
-  st->b->operations().async_delivered(*op, me, ref->attempt);
+std::optional<operation_ref> session::impl::take_branch_locked(std::uint64_t seq) {
+  if (branches_in_flight.empty()) return std::nullopt;
+  auto it = branches_in_flight.find(seq);
+  if (it == branches_in_flight.end()) return std::nullopt;
+  auto ref = std::move(it->second);
+  branches_in_flight.erase(it);
+  return ref;
+}
+
+void session::impl::branch_delivered(const operation_ref& ref) {
+  auto op = operation_id::make(ref.id);
+  if (!op) return;
+  auto here = who();
+  here.second->b->operations().async_delivered(*op, here.first->participant, ref.attempt);
 }
 
 }  // namespace amp

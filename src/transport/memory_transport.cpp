@@ -317,6 +317,14 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   result<message> do_get_message(std::string_view stream, std::uint64_t seq) override {
     std::lock_guard lock(mu_);
+    auto stored = find_message(stream, seq);
+    if (!stored) return stored.error();
+    return stored->second->msg;
+  }
+
+  // The stream and its message at `seq`, messages past their age removed first.
+  result<std::pair<stream_state_impl*, stored_message*>> find_message(std::string_view stream,
+                                                                      std::uint64_t seq) {
     auto* s = find_stream(stream);
     if (!s) return missing("stream", stream);
     expire_messages(*s);
@@ -325,7 +333,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       return unexpected(errc::not_found,
                         fmt::format("no message {} in stream \"{}\"", seq, stream));
     }
-    return it->second.msg;
+    return std::pair{s, &it->second};
   }
 
   void do_async_delete_message(std::string_view stream, std::uint64_t seq,
@@ -339,15 +347,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   // A pending delivery of the message goes with it (JetStream drops it when it would be
   // redelivered; here at once), which may let a waiting fetch of its holders go on.
   result<void> delete_message_locked(std::string_view stream, std::uint64_t seq, deferred& after) {
-    auto* s = find_stream(stream);
-    if (!s) return missing("stream", stream);
-    expire_messages(*s);
-    auto it = s->msgs.find(seq);
-    if (it == s->msgs.end()) {
-      return unexpected(errc::not_found,
-                        fmt::format("no message {} in stream \"{}\"", seq, stream));
-    }
-    auto holders = it->second.holders;
+    auto stored = find_message(stream, seq);
+    if (!stored) return stored.error();
+    auto [s, msg] = *stored;
+    auto holders = msg->holders;
     remove_message(*s, seq);
     for (auto* c : holders) serve_waiters(*s, *c, after);
     return {};
