@@ -680,8 +680,84 @@ int run_task(const task_args& args) {
 
 int run_cancel(const cancel_args& args) {
   json_writer w;
-  w.begin_object().key("task").string(args.task).end_object();
+  const bool operation = args.task.rfind("o_", 0) == 0;
+  w.begin_object().key(operation ? "operation" : "task").string(args.task).end_object();
   return print_reply(args.connection, "cancel", w);
+}
+
+/// True when `f` is the broker's notice of the end of `operation`.
+bool is_operation_notice(const client_frame& f, const std::string& operation) {
+  if (f.op() != "message" || f.string_at("/envelope/from") != "$broker") return false;
+  const auto type = f.string_at("/envelope/type").value_or("");
+  return type.rfind("amp.operation.", 0) == 0 &&
+         f.string_at("/envelope/body/operation") == operation;
+}
+
+int run_scatter(const scatter_args& args) {
+  auto body = read_body(args.body);
+  if (!body) return usage_error(body.error());
+  frame_queue queue;  // before the client: its I/O thread feeds the queue until it ends
+  auto c = open_session(args.connection);
+  if (!c) return fail(c.error());
+  client& session = **c;
+  queue.attach(session);
+
+  auto started = args.audience.empty()
+                     ? session.scatter(args.to, *body, args.options)
+                     : session.scatter_to_audience(args.audience, *body, args.options);
+  if (!started) return fail(started.error());
+  json_writer w;
+  w.begin_object().key("operation").string(started->operation);
+  w.key("created").boolean(started->created).key("members").begin_array();
+  for (const auto& m : started->members) w.string(m);
+  w.end_array().end_object();
+  print_line(w.str());
+  if (!args.wait) return 0;
+  catch_interrupts();
+
+  if (!started->created) {
+    // An idempotency key named an existing operation: it may have ended already.
+    auto record = session.operation(started->operation);
+    if (!record) return fail(record.error());
+    const auto state = record->string_at("/operation/state").value_or("open");
+    if (state != "open") {
+      print_line(record->raw_at("/operation").value_or("null"));
+      return state == "completed" ? 0 : 1;
+    }
+  }
+  while (!interrupted) {
+    client_frame f;
+    const auto status = queue.pop(f, k_poll);
+    if (status == frame_queue::status::closed) return connection_lost(session);
+    if (status == frame_queue::status::timeout) continue;
+    if (f.op() == "error") warn_about_push(f);
+    if (!is_operation_notice(f, started->operation)) continue;  // other messages stay
+    if (auto acked = session.ack(f.int_at("/seq").value_or(0)); !acked) print_error(acked.error());
+    print_line(f.raw_at("/envelope/body").value_or("null"));
+    return f.string_at("/envelope/body/state") == "completed" ? 0 : 1;
+  }
+  return 1;
+}
+
+int run_reply(const reply_args& args) {
+  auto body = read_body(args.body);
+  if (!body) return usage_error(body.error());
+  auto c = open_session(args.connection);
+  if (!c) return fail(c.error());
+  auto replied = (*c)->reply(args.operation, args.attempt, args.accept, *body);
+  if (!replied) return fail(replied.error());
+  json_writer w;
+  w.begin_object().key("operation").string(replied->operation).key("state").string(replied->state);
+  if (replied->duplicate) w.key("duplicate").boolean(true);
+  w.end_object();
+  print_line(w.str());
+  return 0;
+}
+
+int run_operation(const operation_args& args) {
+  json_writer w;
+  w.begin_object().key("operation").string(args.operation).end_object();
+  return print_reply(args.connection, "operation", w);
 }
 
 template <class... F>
@@ -713,6 +789,9 @@ int main(int argc, char** argv) {
                         [](const who_args& a) { return run_who(a); },
                         [](const task_args& a) { return run_task(a); },
                         [](const cancel_args& a) { return run_cancel(a); },
+                        [](const scatter_args& a) { return run_scatter(a); },
+                        [](const reply_args& a) { return run_reply(a); },
+                        [](const operation_args& a) { return run_operation(a); },
                     },
                     *command);
 }

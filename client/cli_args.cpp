@@ -187,9 +187,57 @@ const std::vector<command_spec>& commands() {
        {{"--history", "", "include every revision"}}},
       {"cancel",
        "cancel ID",
-       "cancel a task",
-       "Cancels task ID (as its submitter, or an admin) and prints the server's reply, "
-       R"({"state":"cancelled"}.)",
+       "cancel a task or an operation",
+       "Cancels task ID (as its submitter, or an admin) or, for an ID o_..., operation ID (as "
+       "its initiator, or an admin) and prints the server's reply, "
+       R"({"state":"cancelled"})"
+       R"( (for an operation with "branches": member -> already_completed, stopped or unknown).)",
+       {}},
+      {"scatter",
+       "scatter (--to P[,P...] | --audience online|all) [options] BODY_JSON",
+       "send one branch to each member of an audience, optionally gathering replies",
+       "Starts an operation: each member gets BODY_JSON (one JSON value; - reads it from "
+       "stdin) as an inbox message whose envelope carries "
+       R"("operation":{"id","branch","attempt","reply_by"}.)"
+       " Prints "
+       R"({"operation":"o_...","created":true,"members":[...]},)"
+       " then waits for the operation to end: it takes the notice the broker sends to the "
+       "initiator's inbox (from $broker, type amp.operation.completed, .partial, .failed or "
+       ".cancelled), acknowledges it, prints its body "
+       R"(({"operation","state","quorum","members","replies","missing"}))"
+       " and exits 0 if it completed, 1 otherwise. Other messages in the inbox are left "
+       "alone.\n\n"
+       "Without --quorum it is a multicast, completed once every branch is stored. With "
+       "--quorum N it completes once N members replied with accept, fails once that cannot "
+       "happen any more, and at --timeout-ms is partial (--on-timeout partial, one accept or "
+       "more) or failed.",
+       {{"--to", "P[,P...]", "the members (comma-separated, or --to repeated)", true},
+        {"--audience", "A",
+         "instead of --to: online (live registry entries) or all (every inbox of the ns)"},
+        {"--include-self", "", "the initiator may be a member of its own audience"},
+        {"--quorum", "N", "gather: accepting replies that complete it (1 to the members)"},
+        {"--timeout-ms", "T", "with --quorum (required): the deadline, 100 to 86400000"},
+        {"--on-timeout", "R", "with --quorum: partial or failed (default failed)"},
+        {"--type", "T", "the message type of every branch"},
+        {"--key", "KEY", "an idempotency key: scattering it again returns the same operation"},
+        {"--no-wait", "", "print the operation and exit without waiting for its end"}}},
+      {"reply",
+       "reply --operation O [--attempt N] [--reject] [BODY_JSON]",
+       "answer your branch of an operation",
+       "Replies to this participant's branch of operation O (the envelope's operation.id) at "
+       "attempt N (its operation.attempt; default 1) with BODY_JSON (default null; - reads it "
+       "from stdin), accepting unless --reject, and prints the server's reply "
+       R"({"operation","state"})"
+       R"( ("duplicate":true when the branch had replied already).)",
+       {{"--operation", "O", "the operation (required)"},
+        {"--attempt", "N", "the branch's attempt (default 1)"},
+        {"--reject", "", "reply with accept false"}}},
+      {"operation",
+       "operation ID",
+       "show an operation's record",
+       "Prints the record of operation ID as the server's reply, "
+       R"({"operation":{"operation","ns","initiator","members","quorum","state",...,"branches"}}.)"
+       " The initiator and admins see every branch; a member sees its own.",
        {}},
   };
   return specs;
@@ -674,14 +722,107 @@ result<command> read_cancel(const command_spec& spec, const split_line& line,
   return command(std::move(x));
 }
 
+result<command> read_scatter(const command_spec& spec, const split_line& line,
+                             const env_lookup& env) {
+  scatter_args a;
+  if (auto to = line.values.find("--to"); to != line.values.end()) {
+    for (const auto& value : to->second) {
+      std::string_view rest = value;
+      while (true) {
+        auto comma = rest.find(',');
+        auto name = rest.substr(0, comma);
+        if (name.empty()) return usage(spec, "--to: a member name is empty");
+        a.to.emplace_back(name);
+        if (comma == std::string_view::npos) break;
+        rest.remove_prefix(comma + 1);
+      }
+    }
+  }
+  a.audience = string_option(line, "--audience");
+  if (a.to.empty() == a.audience.empty()) return usage(spec, "give either --to or --audience");
+  if (!a.audience.empty() && a.audience != "online" && a.audience != "all") {
+    return usage(spec, "--audience must be online or all, not \"" + a.audience + "\"");
+  }
+  a.options.include_self = line.flag("--include-self");
+  auto quorum = integer_option(spec, line, "--quorum", 0, 1, 1000);
+  if (!quorum) return std::move(quorum).error();
+  a.options.quorum = static_cast<int>(*quorum);
+  auto timeout = integer_option(spec, line, "--timeout-ms", 0, 100, 86400000);
+  if (!timeout) return std::move(timeout).error();
+  if ((a.options.quorum != 0) != (*timeout != 0)) {
+    return usage(spec, "--quorum and --timeout-ms go together");
+  }
+  a.options.timeout = std::chrono::milliseconds(*timeout);
+  const auto rule = string_option(line, "--on-timeout");
+  if (!rule.empty()) {
+    if (a.options.quorum == 0) return usage(spec, "--on-timeout needs --quorum");
+    if (rule != "partial" && rule != "failed") {
+      return usage(spec, "--on-timeout must be partial or failed, not \"" + rule + "\"");
+    }
+  }
+  a.options.partial_on_timeout = rule == "partial";
+  a.options.type = string_option(line, "--type");
+  a.options.idempotency_key = string_option(line, "--key");
+  a.wait = !line.flag("--no-wait");
+  auto body = body_positional(spec, line);
+  if (!body) return std::move(body).error();
+  a.body = std::move(*body);
+  auto c = connection(spec, line, env);
+  if (!c) return std::move(c).error();
+  a.connection = std::move(*c);
+  return command(std::move(a));
+}
+
+result<command> read_reply(const command_spec& spec, const split_line& line,
+                           const env_lookup& env) {
+  reply_args a;
+  auto op = required_option(spec, line, "--operation");
+  if (!op) return std::move(op).error();
+  a.operation = std::move(*op);
+  auto attempt = integer_option(spec, line, "--attempt", 1, 1, INT32_MAX);
+  if (!attempt) return std::move(attempt).error();
+  a.attempt = static_cast<int>(*attempt);
+  a.accept = !line.flag("--reject");
+  if (line.positionals.size() > 1) return usage(spec, "give at most one BODY_JSON");
+  if (!line.positionals.empty()) {
+    auto body = body_positional(spec, line);
+    if (!body) return std::move(body).error();
+    a.body = std::move(*body);
+  }
+  auto c = connection(spec, line, env);
+  if (!c) return std::move(c).error();
+  a.connection = std::move(*c);
+  return command(std::move(a));
+}
+
+result<command> read_operation(const command_spec& spec, const split_line& line,
+                               const env_lookup& env) {
+  operation_args a;
+  auto id = one_positional(spec, line, "ID");
+  if (!id) return std::move(id).error();
+  a.operation = std::move(*id);
+  auto c = connection(spec, line, env);
+  if (!c) return std::move(c).error();
+  a.connection = std::move(*c);
+  return command(std::move(a));
+}
+
 using reader = result<command> (*)(const command_spec&, const split_line&, const env_lookup&);
 
 reader reader_of(std::string_view name) {
-  static const std::map<std::string_view, reader> readers = {
-      {"token", read_token},   {"send", read_send}, {"listen", read_listen},
-      {"submit", read_submit}, {"work", read_work}, {"pub", read_pub},
-      {"sub", read_sub},       {"who", read_who},   {"task", read_task},
-      {"cancel", read_cancel}};
+  static const std::map<std::string_view, reader> readers = {{"token", read_token},
+                                                             {"send", read_send},
+                                                             {"listen", read_listen},
+                                                             {"submit", read_submit},
+                                                             {"work", read_work},
+                                                             {"pub", read_pub},
+                                                             {"sub", read_sub},
+                                                             {"who", read_who},
+                                                             {"task", read_task},
+                                                             {"cancel", read_cancel},
+                                                             {"scatter", read_scatter},
+                                                             {"reply", read_reply},
+                                                             {"operation", read_operation}};
   return readers.at(name);
 }
 

@@ -107,11 +107,37 @@ struct task_args {
 
 struct cancel_args {
   connection_args connection;
-  std::string task;
+  std::string task;  ///< a task id, or an operation id (`o_…`)
+};
+
+/// `amp scatter` (spec §12).
+struct scatter_args {
+  connection_args connection;
+  std::vector<std::string> to;  ///< --to, comma-separated or repeated; empty: --audience
+  std::string audience;         ///< `online` or `all`
+  scatter_options options;
+  bool wait = true;  ///< wait for the notice of the end and print it
+  std::string body;  ///< JSON text, or "-"
+};
+
+/// `amp reply` (spec §12).
+struct reply_args {
+  connection_args connection;
+  std::string operation;
+  int attempt = 1;
+  bool accept = true;
+  std::string body = "null";  ///< JSON text, or "-"
+};
+
+/// `amp operation` (spec §12).
+struct operation_args {
+  connection_args connection;
+  std::string operation;
 };
 
 using command = std::variant<help_args, token_args, send_args, listen_args, submit_args, work_args,
-                             pub_args, sub_args, who_args, task_args, cancel_args>;
+                             pub_args, sub_args, who_args, task_args, cancel_args, scatter_args,
+                             reply_args, operation_args>;
 
 /// Reads an environment variable; `std::nullopt` when it is not set.
 using env_lookup = std::function<std::optional<std::string>(std::string_view name)>;

@@ -938,6 +938,91 @@ result<void> client::cancel(std::string_view task) {
   return {};
 }
 
+result<scatter_receipt> client::scatter_frame(std::string_view audience_member,
+                                              std::string_view audience_json,
+                                              std::string_view body_json,
+                                              const scatter_options& options) {
+  if (auto r = check_json("body", body_json); !r) return std::move(r).error();
+  if (!options.bodies_json.empty()) {
+    if (auto r = check_object("bodies", options.bodies_json); !r) return std::move(r).error();
+  }
+  if (!options.headers_json.empty()) {
+    if (auto r = check_object("headers", options.headers_json); !r) return std::move(r).error();
+  }
+  json_writer w;
+  w.begin_object().key(audience_member).raw(audience_json).key("body").raw(trim(body_json));
+  if (!options.bodies_json.empty()) w.key("bodies").raw(trim(options.bodies_json));
+  optional_member(w, "type", options.type);
+  if (!options.headers_json.empty()) w.key("headers").raw(trim(options.headers_json));
+  if (options.quorum != 0) {
+    w.key("quorum").integer(options.quorum).key("timeout_ms").integer(options.timeout.count());
+    if (options.partial_on_timeout) w.key("on_timeout").string("partial");
+  }
+  if (options.include_self) w.key("include_self").boolean(true);
+  optional_member(w, "idempotency_key", options.idempotency_key);
+  w.end_object();
+  auto r = request("scatter", w.str());
+  if (!r) return std::move(r).error();
+  scatter_receipt out{
+      r->string_at("/operation").value_or(""), r->bool_at("/created").value_or(false), {}};
+  for (std::size_t i = 0;; ++i) {
+    auto m = r->string_at("/members/" + std::to_string(i));
+    if (!m) break;
+    out.members.push_back(std::move(*m));
+  }
+  return out;
+}
+
+result<scatter_receipt> client::scatter(const std::vector<std::string>& to,
+                                        std::string_view body_json,
+                                        const scatter_options& options) {
+  json_writer w;
+  w.begin_array();
+  for (const auto& m : to) w.string(m);
+  w.end_array();
+  return scatter_frame("to", w.str(), body_json, options);
+}
+
+result<scatter_receipt> client::scatter_to_audience(std::string_view audience,
+                                                    std::string_view body_json,
+                                                    const scatter_options& options) {
+  json_writer w;
+  w.string(audience);
+  return scatter_frame("audience", w.str(), body_json, options);
+}
+
+result<reply_receipt> client::reply(std::string_view operation, int attempt, bool accept,
+                                    std::string_view body_json) {
+  if (auto r = check_json("body", body_json); !r) return std::move(r).error();
+  json_writer w;
+  w.begin_object().key("operation").string(operation).key("attempt").integer(attempt);
+  w.key("accept").boolean(accept).key("body").raw(trim(body_json)).end_object();
+  auto r = request("reply", w.str());
+  if (!r) return std::move(r).error();
+  return reply_receipt{r->string_at("/operation").value_or(""), r->string_at("/state").value_or(""),
+                       r->bool_at("/duplicate").value_or(false)};
+}
+
+result<client_frame> client::operation(std::string_view operation) {
+  json_writer w;
+  w.begin_object().key("operation").string(operation).end_object();
+  return request("operation", w.str());
+}
+
+result<int> client::retry(std::string_view operation, std::string_view member) {
+  json_writer w;
+  w.begin_object().key("operation").string(operation).key("member").string(member).end_object();
+  auto r = request("retry", w.str());
+  if (!r) return std::move(r).error();
+  return static_cast<int>(r->int_at("/attempt").value_or(0));
+}
+
+result<client_frame> client::cancel_operation(std::string_view operation) {
+  json_writer w;
+  w.begin_object().key("operation").string(operation).end_object();
+  return request("cancel", w.str());
+}
+
 result<client_frame> client::task(std::string_view task, bool history) {
   json_writer w;
   w.begin_object().key("task").string(task);

@@ -289,6 +289,54 @@ TEST_CASE("the other commands read their options", "[cli]") {
   CHECK(token.grants_json == cli::all_grants_json);
 }
 
+TEST_CASE("amp scatter, reply and operation read their options", "[cli]") {
+  auto s = parse_as<cli::scatter_args>({"scatter", "--to", "alfa,bravo", "--to", "charlie",
+                                        "--quorum", "2", "--timeout-ms", "30000", "--on-timeout",
+                                        "partial", "--type", "review.request", "--key", "k",
+                                        "--include-self", "--no-wait", R"({"doc":1})"});
+  CHECK(s.to == std::vector<std::string>{"alfa", "bravo", "charlie"});
+  CHECK(s.audience.empty());
+  CHECK(s.options.quorum == 2);
+  CHECK(s.options.timeout == std::chrono::milliseconds(30000));
+  CHECK(s.options.partial_on_timeout);
+  CHECK(s.options.type == "review.request");
+  CHECK(s.options.idempotency_key == "k");
+  CHECK(s.options.include_self);
+  CHECK_FALSE(s.wait);
+  CHECK(s.body == R"({"doc":1})");
+  auto all = parse_as<cli::scatter_args>({"scatter", "--audience", "all", "1"});
+  CHECK(all.audience == "all");
+  CHECK(all.wait);
+  CHECK(all.options.quorum == 0);
+  auto refused = [](std::vector<std::string> args) {
+    auto r = parse(std::move(args));
+    return r ? std::string("accepted") : r.error().message();
+  };
+  CHECK(refused({"scatter", "1"}) == "scatter: give either --to or --audience");
+  CHECK(refused({"scatter", "--to", "a", "--audience", "all", "1"}) ==
+        "scatter: give either --to or --audience");
+  CHECK(refused({"scatter", "--to", "a,,b", "1"}) == "scatter: --to: a member name is empty");
+  CHECK(refused({"scatter", "--audience", "some", "1"}) ==
+        "scatter: --audience must be online or all, not \"some\"");
+  CHECK(refused({"scatter", "--to", "a", "--quorum", "1", "1"}) ==
+        "scatter: --quorum and --timeout-ms go together");
+  CHECK(refused({"scatter", "--to", "a", "--on-timeout", "partial", "1"}) ==
+        "scatter: --on-timeout needs --quorum");
+
+  auto r = parse_as<cli::reply_args>(
+      {"reply", "--operation", "o_1", "--attempt", "2", "--reject", R"("no")"});
+  CHECK(r.operation == "o_1");
+  CHECK(r.attempt == 2);
+  CHECK_FALSE(r.accept);
+  CHECK(r.body == R"("no")");
+  auto plain = parse_as<cli::reply_args>({"reply", "--operation", "o_1"});
+  CHECK(plain.attempt == 1);
+  CHECK(plain.accept);
+  CHECK(plain.body == "null");
+  CHECK(parse_as<cli::operation_args>({"operation", "o_2"}).operation == "o_2");
+  CHECK(parse_as<cli::cancel_args>({"cancel", "o_3"}).task == "o_3");
+}
+
 TEST_CASE("help: every command's help lists exactly the options its parser accepts", "[cli]") {
   CHECK(std::get<cli::help_args>(must(parse({"--help"}))).command.empty());
   CHECK(std::get<cli::help_args>(must(parse({"help", "send"}))).command == "send");
@@ -298,8 +346,9 @@ TEST_CASE("help: every command's help lists exactly the options its parser accep
   CHECK(cli::help_text("nope").empty());
 
   const auto overview = cli::help_text("");
-  const std::vector<std::string> names = {"token", "send", "listen", "submit", "work",
-                                          "pub",   "sub",  "who",    "task",   "cancel"};
+  const std::vector<std::string> names = {"token",   "send",  "listen",   "submit", "work",
+                                          "pub",     "sub",   "who",      "task",   "cancel",
+                                          "scatter", "reply", "operation"};
   const std::regex option_line(R"(^  (--[a-z-]+)( [A-Z_]+)?)");
   for (const auto& name : names) {
     INFO(name);

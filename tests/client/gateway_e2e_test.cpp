@@ -265,6 +265,65 @@ TEST_CASE("against the gateway: a message goes from one client's send to another
   CHECK(code_of(bob->ack(sent.seq)) == errc::not_found);
 }
 
+TEST_CASE("against the gateway: an operation scattered, replied to, read, retried and cancelled",
+          "[client][e2e][operations]") {
+  gateway_server server;
+  auto boss = server.connect("boss");
+  auto alfa = server.connect("alfa");
+  auto bravo = server.connect("bravo");
+  push_queue boss_pushes(*boss), alfa_pushes(*alfa), bravo_pushes(*bravo);
+
+  amp::scatter_options o;
+  o.type = "review.request";
+  o.bodies_json = R"({"bravo":{"part":2}})";
+  o.quorum = 2;
+  o.timeout = std::chrono::milliseconds(60000);
+  o.partial_on_timeout = true;
+  o.idempotency_key = "k-1";
+  auto started = must(boss->scatter({"bravo", "alfa", "alfa"}, R"({"part":1})", o));
+  CHECK(started.created);
+  CHECK(started.members == std::vector<std::string>{"alfa", "bravo"});
+  // The key names the operation made: a repeat with other members and body is answered with it.
+  auto repeat = o;
+  repeat.bodies_json.clear();
+  auto again = must(boss->scatter({"alfa", "charlie"}, "0", repeat));
+  CHECK_FALSE(again.created);
+  CHECK(again.operation == started.operation);
+
+  auto a = alfa_pushes.next("message");
+  CHECK(a.string_at("/envelope/operation/id") == started.operation);
+  CHECK(a.raw_at("/envelope/body") == R"({"part":1})");
+  CHECK(bravo_pushes.next("message").raw_at("/envelope/body") == R"({"part":2})");
+
+  CHECK(must(boss->retry(started.operation, "bravo")) == 2);
+  CHECK(bravo_pushes.next("message").int_at("/envelope/operation/attempt") == 2);
+  auto replied = must(alfa->reply(started.operation, 1, true, R"("ok")"));
+  CHECK(replied.state == "open");
+  CHECK_FALSE(replied.duplicate);
+  CHECK(must(alfa->reply(started.operation, 1)).duplicate);
+  CHECK(code_of(bravo->reply(started.operation, 1)) == errc::conflict);
+  CHECK(must(bravo->reply(started.operation, 2)).state == "completed");
+  CHECK(code_of(alfa->reply(started.operation, 1)) == errc::conflict);
+  auto notice = boss_pushes.next("message");
+  CHECK(notice.string_at("/envelope/type") == "amp.operation.completed");
+  auto record = must(bravo->operation(started.operation));
+  CHECK(record.string_at("/operation/state") == "completed");
+  CHECK(record.string_at("/operation/branches/alfa/state") == "replied");
+  CHECK(code_of(boss->cancel_operation(started.operation)) == errc::conflict);
+
+  auto multicast = must(boss->scatter({"alfa"}, "1"));
+  CHECK(must(boss->operation(multicast.operation)).string_at("/operation/state") == "completed");
+  amp::scatter_options gather;
+  gather.quorum = 2;
+  gather.timeout = std::chrono::milliseconds(60000);
+  auto audience = must(boss->scatter_to_audience("all", "1", gather));
+  CHECK(audience.members == std::vector<std::string>{"alfa", "bravo"});
+  auto cancelled = must(boss->cancel_operation(audience.operation));
+  CHECK(cancelled.string_at("/state") == "cancelled");
+  CHECK(cancelled.string_at("/branches/alfa") == "stopped");
+  CHECK(code_of(boss->reply(audience.operation, 1, true, "{")) == errc::bad_request);
+}
+
 TEST_CASE("against the gateway: a subscriber gets what is published", "[client][e2e]") {
   gateway_server server;
   auto alice = server.connect("alice");
@@ -318,6 +377,42 @@ TEST_CASE("against the gateway: amp work and amp submit --wait run a task end to
     auto who = alice->who("echo");
     return who && who->size_at("/participants") == 0u;
   }));
+}
+
+TEST_CASE(
+    "against the gateway: amp scatter waits for the outcome, amp listen shows the branch, "
+    "amp reply answers it",
+    "[client][e2e][binary][operations]") {
+  gateway_server server;
+  auto url = server.url();
+  auto scatter = std::async(std::launch::async, [&] {
+    return run_amp({"scatter", "--url", url, "--token", gateway_server::token("boss"), "--to",
+                    "alfa", "--quorum", "1", "--timeout-ms", "20000", "--type", "review",
+                    R"({"doc":1})"});
+  });
+  auto listened =
+      run_amp({"listen", "--url", url, "--token", gateway_server::token("alfa"), "--count", "1"});
+  INFO(listened.err);
+  REQUIRE(listened.status == 0);
+  auto envelope = must(client_frame::parse(listened.out));
+  CHECK(envelope.string_at("/from") == "boss");
+  CHECK(envelope.string_at("/operation/branch") == "alfa");
+  CHECK(envelope.int_at("/operation/attempt") == 1);
+  auto op = envelope.string_at("/operation/id").value_or("");
+  auto replied = run_amp({"reply", "--url", url, "--token", gateway_server::token("alfa"),
+                          "--operation", op, "--attempt", "1", R"("fine")"});
+  INFO(replied.err);
+  CHECK(replied.status == 0);
+  CHECK(replied.out == R"({"operation":")" + op + R"(","state":"completed"})" + "\n");
+  REQUIRE(scatter.wait_for(20s) == std::future_status::ready);
+  auto outcome = scatter.get();
+  INFO(outcome.err);
+  CHECK(outcome.status == 0);
+  CHECK_THAT(outcome.out, Catch::Contains(R"("operation":")" + op + R"(","created":true)"));
+  CHECK_THAT(outcome.out, Catch::Contains(R"("state":"completed")"));
+  CHECK_THAT(outcome.out, Catch::Contains(R"("replies":{"alfa":{"accept":true,"body":"fine")"));
+  auto record = run_amp({"operation", "--url", url, "--token", gateway_server::token("boss"), op});
+  CHECK_THAT(record.out, Catch::Contains(R"("state":"completed")"));
 }
 
 TEST_CASE("against the gateway: the client's own worker claims, heartbeats and fails a task",

@@ -207,6 +207,33 @@ struct fail_receipt {
   int attempt = 0;
 };
 
+/// Optional fields of a `scatter` (spec §12).
+struct scatter_options {
+  std::string bodies_json;   ///< a JSON object: member → that member's own body; empty: none
+  std::string type;          ///< empty: none
+  std::string headers_json;  ///< a JSON object of string values; empty: none
+  int quorum = 0;            ///< 0: a multicast, which gathers nothing
+  /// With a quorum: the deadline after the start (100 ms to 24 h).
+  std::chrono::milliseconds timeout{0};
+  bool partial_on_timeout = false;  ///< `on_timeout` `partial` (else the server's `failed`)
+  bool include_self = false;        ///< the initiator may be in its own audience
+  std::string idempotency_key;      ///< empty: none
+};
+
+/// The server's answer to a `scatter`.
+struct scatter_receipt {
+  std::string operation;
+  bool created = false;  ///< false: the idempotency key named an existing operation
+  std::vector<std::string> members;
+};
+
+/// The server's answer to a `reply`.
+struct reply_receipt {
+  std::string operation;
+  std::string state;       ///< the operation's state after the reply
+  bool duplicate = false;  ///< the branch had replied already: no vote added
+};
+
 /// A connection to an AMP server, with a session opened by `hello`.
 ///
 /// Every request is sent with an integer `id` and matched with its reply by that id,
@@ -351,6 +378,25 @@ class client {
                             const fail_options& options = {});
   /// `cancel` (§7) a task (its submitter, or an admin).
   result<void> cancel(std::string_view task);
+  /// `scatter` (§12) to the members `to`. Branch messages arrive at the members as
+  /// `message` pushes whose envelope has `operation`; the initiator's notice of the end
+  /// arrives as a `message` from `$broker` of type `amp.operation.<state>`.
+  result<scatter_receipt> scatter(const std::vector<std::string>& to, std::string_view body_json,
+                                  const scatter_options& options = {});
+  /// `scatter` (§12) to an audience: `"online"` or `"all"`.
+  result<scatter_receipt> scatter_to_audience(std::string_view audience, std::string_view body_json,
+                                              const scatter_options& options = {});
+  /// `reply` (§12) to this participant's branch of `operation` at `attempt`.
+  result<reply_receipt> reply(std::string_view operation, int attempt, bool accept = true,
+                              std::string_view body_json = "null");
+  /// `operation` (§12): the reply holds `operation` (the record, as this participant may
+  /// see it).
+  result<client_frame> operation(std::string_view operation);
+  /// `retry` (§12) of `member`'s branch; returns the branch's new attempt.
+  result<int> retry(std::string_view operation, std::string_view member);
+  /// `cancel` (§12) of an operation; the reply holds `state` and `branches` (member →
+  /// `already_completed`, `stopped` or `unknown`).
+  result<client_frame> cancel_operation(std::string_view operation);
   /// `task` (§7): the reply holds `task` (the record) and, with `history`, `history`.
   result<client_frame> task(std::string_view task, bool history = false);
   /// `who` (§4): the reply holds `participants`, those registered for `job` if not empty.
@@ -378,6 +424,9 @@ class client {
  private:
   struct impl;
   explicit client(std::unique_ptr<impl> p) noexcept;
+  result<scatter_receipt> scatter_frame(std::string_view audience_member,
+                                        std::string_view audience_json, std::string_view body_json,
+                                        const scatter_options& options);
   std::unique_ptr<impl> impl_;
 };
 
