@@ -247,6 +247,11 @@ result<job_name> job_name::make(std::string_view value) {
   return job_name(std::string(value));
 }
 
+result<sink_name> sink_name::make(std::string_view value) {
+  if (auto r = check_single_token_name("sink name", value); !r) return std::move(r).error();
+  return sink_name(std::string(value));
+}
+
 result<topic> topic::make(std::string_view value) {
   if (auto r = check_dotted_name("topic", value, false); !r) return std::move(r).error();
   return topic(std::string(value));

@@ -206,6 +206,16 @@ result<topic> topic_from_subject(const namespace_name& ns, std::string_view subj
   return t;
 }
 
+std::string dlq_stream(const namespace_name& ns) {
+  return prefixed("AMP_DLQ_", ns.view());
+}
+std::string dlq_subjects(const namespace_name& ns) {
+  return ns_subject(ns, "dlq", "*");
+}
+std::string dlq_subject(const namespace_name& ns, const sink_name& sink) {
+  return ns_subject(ns, "dlq", sink.view());
+}
+
 std::string registry_bucket(const namespace_name& ns) {
   return prefixed("AMP_REGISTRY_", ns.view());
 }

@@ -105,6 +105,17 @@ class job_name final : public detail::validated_name<job_name> {
   explicit job_name(std::string value) : validated_name(std::move(value)) {}
 };
 
+/// A sink's name (`amp-sink-v1.md`): `^[a-z][a-z0-9_-]{0,63}$`. It names the sink's
+/// durable consumer and its dead-letter subject.
+class sink_name final : public detail::validated_name<sink_name> {
+ public:
+  /// Validates `value`. Errors: `invalid_name` when it is outside the grammar.
+  static result<sink_name> make(std::string_view value);
+
+ private:
+  explicit sink_name(std::string value) : validated_name(std::move(value)) {}
+};
+
 /// A concrete topic: 1 to 8 tokens joined by `.`, each `^[a-z0-9][a-z0-9_-]{0,63}$`.
 class topic final : public detail::validated_name<topic> {
  public:
@@ -198,6 +209,13 @@ struct std::hash<amp::job_name> {
     return std::hash<std::string_view>{}(n.view());
   }
 };
+template <>
+struct std::hash<amp::sink_name> {
+  std::size_t operator()(const amp::sink_name& n) const noexcept {
+    return std::hash<std::string_view>{}(n.view());
+  }
+};
+
 template <>
 struct std::hash<amp::topic> {
   std::size_t operator()(const amp::topic& n) const noexcept {

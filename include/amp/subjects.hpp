@@ -125,6 +125,18 @@ std::string topic_filter(const namespace_name& ns, const topic_pattern& pattern)
 result<topic> topic_from_subject(const namespace_name& ns, std::string_view subject);
 ///@}
 
+/// \name Dead letters (`amp-sink-v1.md`)
+/// Stream `AMP_DLQ_<ns>` with subjects `amp.<ns>.dlq.*`: what a sink could never write,
+/// one subject per sink.
+///@{
+/// `AMP_DLQ_<ns>`.
+std::string dlq_stream(const namespace_name& ns);
+/// `amp.<ns>.dlq.*`, the subjects of the dead-letter stream.
+std::string dlq_subjects(const namespace_name& ns);
+/// `amp.<ns>.dlq.<sink>`, where `sink` publishes what it dead-letters.
+std::string dlq_subject(const namespace_name& ns, const sink_name& sink);
+///@}
+
 /// \name Key-value stores
 ///@{
 /// `AMP_REGISTRY_<ns>`, the registry bucket of a namespace.

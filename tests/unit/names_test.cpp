@@ -20,6 +20,7 @@ using amp::job_name;
 using amp::namespace_name;
 using amp::operation_id;
 using amp::participant_name;
+using amp::sink_name;
 using amp::task_id;
 using amp::topic;
 using amp::topic_pattern;
@@ -100,6 +101,8 @@ template <>
 constexpr std::string_view label_of<participant_name> = "participant name";
 template <>
 constexpr std::string_view label_of<job_name> = "job name";
+template <>
+constexpr std::string_view label_of<sink_name> = "sink name";
 
 constexpr std::string_view name_body = "abcdefghijklmnopqrstuvwxyz0123456789_-";
 constexpr std::string_view token_body = "abcdefghijklmnopqrstuvwxyz0123456789_-";
@@ -155,7 +158,7 @@ std::vector<bad_value> unicode_and_controls() {
 // Single-token names: namespaces, participants, jobs
 
 TEMPLATE_TEST_CASE("a single-token name accepts exactly a-z first and a-z0-9_- after", "[names]",
-                   namespace_name, participant_name, job_name) {
+                   namespace_name, participant_name, job_name, sink_name) {
   int accepted = 0;
   for (int b = 0; b < 256; ++b) {
     const char c = static_cast<char>(b);
@@ -178,7 +181,7 @@ TEMPLATE_TEST_CASE("a single-token name accepts exactly a-z first and a-z0-9_- a
 }
 
 TEMPLATE_TEST_CASE("a single-token name is 1 to 64 characters", "[names]", namespace_name,
-                   participant_name, job_name) {
+                   participant_name, job_name, sink_name) {
   const std::string label(label_of<TestType>);
   REQUIRE(rejection<TestType>("") == label + " is empty");
   for (std::size_t n : {1, 2, 63, 64}) {
@@ -195,7 +198,7 @@ TEMPLATE_TEST_CASE("a single-token name is 1 to 64 characters", "[names]", names
 }
 
 TEMPLATE_TEST_CASE("a single-token name refusal says which value and what is wrong", "[names]",
-                   namespace_name, participant_name, job_name) {
+                   namespace_name, participant_name, job_name, sink_name) {
   const std::string label(label_of<TestType>);
   REQUIRE(rejection<TestType>("Bob") ==
           label +
@@ -234,7 +237,7 @@ TEST_CASE("$broker is never a participant, and says why", "[names]") {
 }
 
 TEMPLATE_TEST_CASE("random single-token names pass, and one corruption makes them fail", "[names]",
-                   namespace_name, participant_name, job_name) {
+                   namespace_name, participant_name, job_name, sink_name) {
   std::mt19937 rng(20240611);
   std::uniform_int_distribution<std::size_t> length(1, 64);
   std::uniform_int_distribution<int> any_byte(0, 255);

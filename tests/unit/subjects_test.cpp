@@ -98,6 +98,12 @@ TEST_CASE("the NATS mapping spells streams, subjects, consumers and keys as docu
   REQUIRE(subjects::deadlines_consumer() == "deadlines");
   REQUIRE(subjects::operation_key(ns, must<amp::operation_id>("o_01abc")) == "demo.o_01abc");
 
+  const auto archive = must<amp::sink_name>("archive");
+  REQUIRE(subjects::dlq_stream(ns) == "AMP_DLQ_demo");
+  REQUIRE(subjects::dlq_subjects(ns) == "amp.demo.dlq.*");
+  REQUIRE(subjects::dlq_subject(ns, archive) == "amp.demo.dlq.archive");
+  CHECK(subjects::subject_matches(subjects::dlq_subjects(ns), subjects::dlq_subject(ns, archive)));
+
   // Core messages between gateways: no stream of the namespace may capture them.
   REQUIRE(subjects::task_control_subject(ns) == "amp.demo.ctl.tasks");
   REQUIRE(subjects::inbox_control_subjects(ns) == "amp.demo.ctl.inbox.*");
@@ -111,9 +117,9 @@ TEST_CASE("the NATS mapping spells streams, subjects, consumers and keys as docu
        {subjects::task_control_subject(ns), subjects::inbox_control_subjects(ns),
         subjects::work_control_subject(ns), subjects::work_offer_subject(ns, "0a1b"),
         subjects::operation_control_subject(ns)}) {
-    for (const auto& captured :
-         {subjects::inbox_subjects(ns), subjects::job_subjects(ns), subjects::ended_subject(ns),
-          subjects::topic_subjects(ns), subjects::operation_due_subject(ns)}) {
+    for (const auto& captured : {subjects::inbox_subjects(ns), subjects::job_subjects(ns),
+                                 subjects::ended_subject(ns), subjects::topic_subjects(ns),
+                                 subjects::operation_due_subject(ns), subjects::dlq_subjects(ns)}) {
       CHECK_FALSE(subjects::filters_overlap(captured, control));
     }
   }
