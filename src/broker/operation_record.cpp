@@ -137,13 +137,22 @@ bool decide(operation_record& r, time_point now) {
   return true;
 }
 
+result<void> check_member(const operation_record& r, std::string_view member) {
+  if (r.branches.count(member)) return {};
+  return unexpected(errc::forbidden, fmt::format("{} is not a member of operation {}",
+                                                 amp::quoted(member), amp::quoted(r.operation)));
+}
+
+result<void> refuse_member(const operation_record& r, std::string_view by, std::string_view what) {
+  if (by == r.initiator || !r.branches.count(by)) return {};
+  return unexpected(errc::forbidden, fmt::format("only the initiator may {} operation {}", what,
+                                                 amp::quoted(r.operation)));
+}
+
 result<reply_effect> apply_reply(operation_record& r, std::string_view member, int attempt,
                                  bool accept, std::string body, time_point now) {
+  if (auto m = check_member(r, member); !m) return m.error();
   auto it = r.branches.find(member);
-  if (it == r.branches.end()) {
-    return unexpected(errc::forbidden, fmt::format("{} is not a member of operation {}",
-                                                   amp::quoted(member), amp::quoted(r.operation)));
-  }
   if (auto e = closed_or_due(r, now)) return std::move(*e);
   auto& b = it->second;
   if (attempt != b.attempt) {
@@ -179,7 +188,6 @@ result<int> retry_branch(operation_record& r, std::string_view member, time_poin
 }
 
 bool mark_delivered(operation_record& r, std::string_view member, int attempt, time_point now) {
-  if (is_closed(r.state)) return false;
   auto it = r.branches.find(member);
   if (it == r.branches.end() || it->second.attempt != attempt ||
       it->second.state != branch_state::pending) {

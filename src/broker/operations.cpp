@@ -682,6 +682,7 @@ result<operation_replied> operations::reply(const operation_id& op, const partic
     const auto now = s.clock->now();
     refused.reset();
     deadline = false;
+    if (auto m = check_member(rec, member.view()); !m) return m.error();
     if (!is_closed(rec.state) && decide(rec, now)) {
       // Past the deadline: the decision is the change, and the reply is refused.
       deadline = true;
@@ -714,18 +715,17 @@ result<int> operations::retry(const operation_id& op, const participant_name& by
                               const participant_name& member) {
   auto& s = *s_;
   int attempt = 0;
+  std::uint64_t withdraw = 0;
   bool deadline = false;
   auto r = s.change(op, [&](operation_record& rec) -> result<bool> {
-    if (by.view() != rec.initiator) {
-      if (rec.branches.count(by.view())) {
-        return unexpected(errc::forbidden,
-                          fmt::format("only the initiator may retry a branch of operation {}",
-                                      amp::quoted(op.view())));
-      }
-      return no_operation(op);
-    }
+    if (auto m = refuse_member(rec, by.view(), "retry a branch of"); !m) return m.error();
+    if (by.view() != rec.initiator) return no_operation(op);
     const auto now = s.clock->now();
     if ((deadline = !is_closed(rec.state) && decide(rec, now))) return true;
+    auto before = rec.branches.find(member.view());
+    withdraw = before != rec.branches.end() && before->second.state == branch_state::pending
+                   ? before->second.seq
+                   : 0;
     auto a = retry_branch(rec, member.view(), now);
     if (!a) return a.error();
     attempt = *a;
@@ -733,6 +733,8 @@ result<int> operations::retry(const operation_id& op, const participant_name& by
   });
   if (!r) return r.error();
   if (deadline) return s.decided_at_deadline(*r);
+  // The old attempt's message, not acked yet, is withdrawn: it would only be `conflict`.
+  if (withdraw != 0) (void)s.t->delete_message(s.inbox_stream, withdraw);
   auto m = s.manifest_of(*r);
   if (!m) return m.error();
   auto seqs = s.send(*m, *r, {member.str()});
@@ -753,10 +755,7 @@ result<std::map<std::string, cancel_outcome, std::less<>>> operations::cancel(
   bool deadline = false;
   auto r = s.change(op, [&](operation_record& rec) -> result<bool> {
     if (!by.admin && by.who.view() != rec.initiator) {
-      if (rec.branches.count(by.who.view())) {
-        return unexpected(errc::forbidden, fmt::format("only the initiator may cancel operation {}",
-                                                       amp::quoted(op.view())));
-      }
+      if (auto m = refuse_member(rec, by.who.view(), "cancel"); !m) return m.error();
       return no_operation(op);
     }
     const auto now = s.clock->now();

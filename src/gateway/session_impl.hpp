@@ -343,6 +343,12 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // ---- operations (session_operations.cpp) ----------------------------------------------
 
   void on_scatter(request& rq);
+  // The members of `audience` (`online`: live registry entries; `all`: every inbox of the
+  // ns), `me` left out unless `include_self`. Errors: the backend's.
+  result<std::vector<participant_name>> resolve_audience(detail::ns_state& st,
+                                                         const participant_name& me,
+                                                         std::string_view audience,
+                                                         bool include_self);
   void on_reply(request& rq);
   void on_operation(request& rq);
   void on_retry(request& rq);
@@ -350,10 +356,11 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   void cancel_operation(request& rq);
   // A branch delivered to this session (its envelope's `operation` names this participant's
   // branch): remembered by seq until it is acked (`take_branch_locked`, under `mu`, in the
-  // ack's own critical section), which records the branch as delivered (`branch_delivered`).
+  // ack's own critical section), which records the branch as delivered and then answers the
+  // ack (`branch_delivered`).
   void remember_branch(const inbox_message& m);
   std::optional<operation_ref> take_branch_locked(std::uint64_t seq);
-  void branch_delivered(const operation_ref& ref);
+  void branch_delivered(const operation_ref& ref, const request& ack);
 
   // ---- bye and close --------------------------------------------------------------------
 

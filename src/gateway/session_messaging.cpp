@@ -52,7 +52,6 @@ void session::impl::on_ack(request& rq) {
       if (done && rq.op == "ack") branch = take_branch_locked(static_cast<std::uint64_t>(seq));
     }
   }
-  if (branch) branch_delivered(*branch);
   if (!done) {
     if (done.error().code() == errc::not_found) {
       return fail(
@@ -62,6 +61,9 @@ void session::impl::on_ack(request& rq) {
     }
     return fail(rq, done.error());
   }
+  // An operation's branch: answered once its record says `delivered`, so that a cancel the
+  // member's ack came before finds it acknowledged (`unknown`, not `stopped`).
+  if (branch) return branch_delivered(*branch, rq);
   reply_ok(rq);
 }
 

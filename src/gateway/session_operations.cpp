@@ -29,6 +29,63 @@ std::map<std::string, std::string, std::less<>> bodies_at(dom::element frame) {
 
 }  // namespace
 
+result<std::vector<participant_name>> session::impl::resolve_audience(detail::ns_state& st,
+                                                                      const participant_name& me,
+                                                                      std::string_view audience,
+                                                                      bool include_self) {
+  std::vector<participant_name> members;
+  if (audience == "online") {
+    std::lock_guard lock(st.mu);
+    for (const auto& [name, entry] : st.live) {
+      if (name == me.view() && !include_self) continue;
+      members.push_back(participant_name::make(name).value());
+    }
+    return members;
+  }
+  auto all = gw->timed([&] { return st.b->inbox().participants(); });
+  if (!all) return all.error();
+  for (auto& name : *all) {
+    if (name == me && !include_self) continue;
+    members.push_back(std::move(name));
+  }
+  return members;
+}
+
+namespace {
+
+// bad_request for an audience that resolved to nobody, to fewer members than the quorum or
+// to more than an operation may have, or that leaves out a member of `bodies`.
+result<void> check_audience(std::string_view audience, const std::vector<participant_name>& members,
+                            int quorum,
+                            const std::map<std::string, std::string, std::less<>>& bodies) {
+  if (members.empty()) {
+    return unexpected(errc::bad_request,
+                      fmt::format("audience {} is nobody", amp::quoted(audience)));
+  }
+  if (quorum > static_cast<int>(members.size())) {
+    return unexpected(errc::bad_request,
+                      fmt::format("quorum {} is more than the {} members of audience {}", quorum,
+                                  members.size(), amp::quoted(audience)));
+  }
+  if (members.size() > max_operation_members) {
+    return unexpected(errc::bad_request,
+                      fmt::format("audience {} has {} members; an operation has at most {}",
+                                  amp::quoted(audience), members.size(), max_operation_members));
+  }
+  // Not a structured binding: clang before 16 cannot capture one (the fuzz build is 14).
+  for (const auto& entry : bodies) {
+    const std::string& member = entry.first;
+    if (std::none_of(members.begin(), members.end(),
+                     [&](const participant_name& m) { return m.view() == member; })) {
+      return unexpected(errc::bad_request,
+                        fmt::format("bodies: {} is not a member", amp::quoted(member)));
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
 void session::impl::on_scatter(request& rq) {
   auto here = who();
   const identity& me = *here.first;
@@ -80,24 +137,39 @@ void session::impl::on_scatter(request& rq) {
   } else if (!me.grants.may_send_anyone()) {
     return fail(rq, errc::forbidden,
                 fmt::format("audience {} needs the grant send: [\"*\"]", amp::quoted(audience)));
+  } else {
+    // The audience, resolved now: what it makes bad_request comes before the policy (§1).
+    auto resolved = resolve_audience(*st, me.participant, audience, include_self);
+    if (!resolved) return fail(rq, resolved.error());
+    members = std::move(*resolved);
+    if (auto refused = check_audience(audience, members, quorum, bodies); !refused) {
+      return fail(rq, refused.error());
+    }
   }
 
-  // payload_too_large, then invalid_envelope: each body as on `send`.
+  // payload_too_large, then invalid_envelope: each body sent, as on `send`.
   auto body = raw_at(rq.frame, "body");
   if (body.empty()) body = "null";
   const auto type = string_or_empty(rq.frame, "type");
   auto headers = headers_at(rq.frame);
+  // `body` goes to the members `bodies` leaves out; when it leaves out nobody, it is not sent.
+  const auto without_own =
+      std::find_if(members.begin(), members.end(),
+                   [&](const participant_name& m) { return !bodies.count(m.view()); });
   std::size_t bytes = body.size();
-  if (auto r = check_body(body); !r) return fail(rq, r.error());
+  if (without_own != members.end()) {
+    if (auto r = check_body(body); !r) return fail(rq, r.error());
+  }
   for (const auto& [member, b] : bodies) {
     if (auto r = check_body(b); !r) {
       return fail(rq, error(r.error().code(), r.error().message(), "/bodies/" + member));
     }
     bytes += b.size();
   }
-  const std::string some = members.empty() ? me.participant.str() : members.front().str();
-  if (auto env = check_envelope(me, some, body, type, headers, {}); !env) {
-    return fail(rq, env.error());
+  if (without_own != members.end()) {
+    if (auto env = check_envelope(me, without_own->str(), body, type, headers, {}); !env) {
+      return fail(rq, env.error());
+    }
   }
   for (const auto& [member, b] : bodies) {
     if (auto env = check_envelope(me, member, b, type, headers, {}); !env) {
@@ -121,56 +193,6 @@ void session::impl::on_scatter(request& rq) {
   }
   auto spend = admit(rq, me, bytes, counts);
   if (!spend) return;
-
-  if (!audience.empty()) {
-    if (audience == "online") {
-      std::lock_guard lock(st->mu);
-      for (const auto& [name, entry] : st->live) {
-        if (name == me.participant.view() && !include_self) continue;
-        members.push_back(participant_name::make(name).value());
-      }
-    } else {
-      auto all = gw->timed([&] { return st->b->inbox().participants(); });
-      if (!all) {
-        refund(*spend);
-        return fail(rq, all.error());
-      }
-      for (auto& name : *all) {
-        if (name == me.participant && !include_self) continue;
-        members.push_back(std::move(name));
-      }
-    }
-    std::string outside;
-    // Not a structured binding: clang before 16 cannot capture one (the fuzz build is 14).
-    for (const auto& entry : bodies) {
-      const std::string& member = entry.first;
-      if (std::none_of(members.begin(), members.end(),
-                       [&](const participant_name& m) { return m.view() == member; })) {
-        outside = member;
-      }
-    }
-    std::optional<error> refused;
-    if (members.empty()) {
-      refused =
-          error(errc::bad_request, fmt::format("audience {} is nobody", amp::quoted(audience)));
-    } else if (quorum > static_cast<int>(members.size())) {
-      refused =
-          error(errc::bad_request, fmt::format("quorum {} is more than the {} members of "
-                                               "audience {}",
-                                               quorum, members.size(), amp::quoted(audience)));
-    } else if (members.size() > max_operation_members) {
-      refused = error(errc::bad_request,
-                      fmt::format("audience {} has {} members; an operation has at most {}",
-                                  amp::quoted(audience), members.size(), max_operation_members));
-    } else if (!outside.empty()) {
-      refused =
-          error(errc::bad_request, fmt::format("bodies: {} is not a member", amp::quoted(outside)));
-    }
-    if (refused) {
-      refund(*spend);
-      return fail(rq, *refused);
-    }
-  }
 
   operation_start start{
       .initiator = me.participant,
@@ -203,7 +225,13 @@ void session::impl::on_reply(request& rq) {
   auto op = operation_of(rq.frame);
   auto body = raw_at(rq.frame, "body");
   if (body.empty()) body = "null";
-  if (auto r = check_body(body); !r) return fail(rq, r.error());
+  if (auto r = check_body(body); !r) {
+    // forbidden before payload_too_large (§1): someone who is not a member learns that.
+    if (auto rec = gw->timed([&] { return st->b->operations().get(op); }); rec) {
+      if (auto m = check_member(*rec, me.participant.view()); !m) return fail(rq, m.error());
+    }
+    return fail(rq, r.error());
+  }
   auto replied = gw->timed([&] {
     return st->b->operations().reply(op, me.participant, attempt_of(rq.frame).value_or(-1),
                                      bool_or(rq.frame, "accept", true), std::move(body));
@@ -240,6 +268,12 @@ void session::impl::on_retry(request& rq) {
   auto& st = here.second;
   auto op = operation_of(rq.frame);
   auto member = participant_name::make(string_or_empty(rq.frame, "member")).value();
+  // forbidden before rate_limited (§1): a member is refused without spending the rate.
+  if (auto rec = gw->timed([&] { return st->b->operations().get(op); }); rec) {
+    if (auto m = refuse_member(*rec, me.participant.view(), "retry a branch of"); !m) {
+      return fail(rq, m.error());
+    }
+  }
   // A retry counts against the rate, not the budget.
   if (!take_rate(rq, me, 0)) return;
   auto attempt = gw->timed([&] { return st->b->operations().retry(op, me.participant, member); });
@@ -282,11 +316,14 @@ std::optional<operation_ref> session::impl::take_branch_locked(std::uint64_t seq
   return ref;
 }
 
-void session::impl::branch_delivered(const operation_ref& ref) {
+void session::impl::branch_delivered(const operation_ref& ref, const request& ack) {
   auto op = operation_id::make(ref.id);
-  if (!op) return;
+  if (!op) return reply_ok(ack);
   auto here = who();
-  here.second->b->operations().async_delivered(*op, here.first->participant, ref.attempt);
+  // The ack took effect whatever the record's write does: the answer is ok either way.
+  here.second->b->operations().async_delivered(
+      *op, here.first->participant, ref.attempt,
+      [self = shared_from_this(), rq = later(ack)](bool) { self->reply_ok(rq); });
 }
 
 }  // namespace amp

@@ -103,6 +103,14 @@ struct reply_effect {
   bool decided = false;    ///< this reply closed the operation
 };
 
+/// `forbidden` when `member` has no branch in `r` (the first check of a reply).
+result<void> check_member(const operation_record& r, std::string_view member);
+
+/// `forbidden` ("only the initiator may `what` …") when `by` is a member of `r` but not its
+/// initiator; success for the initiator and for anyone else, whom callers answer
+/// `not_found` (as for an unknown operation) or let through (an admin's cancel).
+result<void> refuse_member(const operation_record& r, std::string_view by, std::string_view what);
+
 /// Records `member`'s reply to its branch at `attempt`, then takes the decision it allows
 /// (`decide`). Checked in this order, changing nothing on error: `forbidden` when `member`
 /// has no branch; `conflict` when the operation is not open, or is past its deadline
@@ -126,8 +134,9 @@ bool decide(operation_record& r, time_point now);
 result<int> retry_branch(operation_record& r, std::string_view member, time_point now);
 
 /// Records that `member` acknowledged its branch message of `attempt`: `pending` becomes
-/// `delivered`. True when that changed the record (false for a closed operation, another
-/// attempt, or a branch past `pending`).
+/// `delivered`, also once the operation is decided (a multicast is `completed` before its
+/// members ack). True when that changed the record (false for another attempt, or a branch
+/// past `pending`: a cancelled operation has none left).
 bool mark_delivered(operation_record& r, std::string_view member, int attempt, time_point now);
 
 /// What a cancel says of each branch: `already_completed` (it replied), `stopped` (its

@@ -134,9 +134,10 @@ class operations : public std::enable_shared_from_this<operations> {
   result<std::string> view(const operation_id& operation, const viewer& who);
 
   /// Sends `member`'s branch again with its attempt raised by one (`retry_branch`); returns
-  /// the new attempt. Only the initiator may (`forbidden` for a member, `not_found` for
-  /// anyone else); errors otherwise as `retry_branch`, or `unavailable` (the record says the
-  /// new attempt: its message is sent again at the operation's next look).
+  /// the new attempt. The old attempt's message, if the member has not acked it, is
+  /// withdrawn from the inbox (not delivered again). Only the initiator may (`forbidden` for a
+  /// member, `not_found` for anyone else); errors otherwise as `retry_branch`, or `unavailable`
+  /// (the record says the new attempt: its message is sent again at the operation's next look).
   result<int> retry(const operation_id& operation, const participant_name& by,
                     const participant_name& member);
 

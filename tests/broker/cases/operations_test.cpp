@@ -174,6 +174,19 @@ TEST_CASE("a multicast completes once its branches are stored and gathers nothin
   REQUIRE(boss.log.reaches(1));
   CHECK(boss.log.at(0).env.type == "amp.operation.completed");
   CHECK(code_of(s.a.ops->reply(started.operation, pname("alfa"), 1, true, "")) == errc::conflict);
+
+  // Decided already, the operation still records that alfa acknowledged its branch.
+  must(alfa.r->ack(alfa.log.at(0).seq));
+  std::atomic<bool> changed{false}, ran{false};
+  s.a.ops->async_delivered(started.operation, pname("alfa"), 1, [&](bool c) {
+    changed = c;
+    ran = true;
+  });
+  REQUIRE(eventually([&] { return ran.load(); }));
+  CHECK(changed);
+  record = must(s.a.ops->get(started.operation));
+  CHECK(record.branches.at("alfa").state == branch_state::delivered);
+  CHECK(record.branches.at("bravo").state == branch_state::pending);
 }
 
 TEST_CASE("rejections that make the quorum impossible fail an operation at once", "[operations]") {
@@ -273,6 +286,39 @@ TEST_CASE("a retry sends the branch again with a higher attempt and fences the o
   CHECK(code_of(s.a.ops->retry(op, pname("boss"), pname("bravo"))) == errc::conflict);
   must(s.a.ops->reply(op, pname("alfa"), 1, true, ""));
   CHECK(code_of(s.a.ops->retry(op, pname("boss"), pname("alfa"))) == errc::conflict);
+}
+
+TEST_CASE("a retry withdraws the old attempt's message unless it was acknowledged",
+          "[operations]") {
+  setup s([](broker_config& c) { c.inbox_ack_wait = std::chrono::seconds(2); });
+  auto op = must(s.a.ops->start(s.gather({"alfa", "bravo"}, 2))).operation;
+  {
+    // alfa took its branch and acknowledged it; bravo's is in flight, not acknowledged.
+    reader alfa(*s.a.box, "alfa");
+    REQUIRE(alfa.log.reaches(1));
+    must(alfa.r->ack(alfa.log.at(0).seq));
+  }
+  auto bravo = std::make_unique<reader>(*s.a.box, "bravo");
+  REQUIRE(bravo->log.reaches(1));
+  const auto first = bravo->log.at(0).seq;
+  CHECK(must(s.a.ops->retry(op, pname("boss"), pname("bravo"))) == 2);
+  CHECK(must(s.a.ops->retry(op, pname("boss"), pname("alfa"))) == 2);
+  REQUIRE(bravo->log.reaches(2));
+  CHECK(bravo->log.at(1).env.operation->attempt == 2);
+  must(bravo->r->ack(bravo->log.at(1).seq));
+  CHECK(code_of(s.fx->shared_transport()->get_message(subjects::inbox_stream(s.cfg.ns), first)) ==
+        errc::not_found);
+
+  // Past the ack wait, nothing of attempt 1 comes back: bravo's was withdrawn, alfa's acked.
+  bravo.reset();
+  s.fx->advance(s.cfg.inbox_ack_wait + std::chrono::seconds(1));
+  reader bravo_again(*s.a.box, "bravo");
+  reader alfa_again(*s.a.box, "alfa");
+  REQUIRE(alfa_again.log.reaches(1));
+  s.fx->advance(std::chrono::seconds(1));
+  CHECK(alfa_again.log.size() == 1);
+  CHECK(alfa_again.log.at(0).env.operation->attempt == 2);
+  CHECK(bravo_again.log.size() == 0);
 }
 
 TEST_CASE("a cancel withdraws what was not acknowledged and tells stopped, unknown and done apart",

@@ -195,6 +195,27 @@ TEST_CASE("an acknowledgement marks a pending branch of its attempt delivered, n
   CHECK(amp::mark_delivered(r, "bravo", 2, t0 + 3s));
   REQUIRE(amp::apply_reply(r, "alfa", 1, true, "1", t0 + 4s).has_value());
   CHECK_FALSE(amp::mark_delivered(r, "alfa", 1, t0 + 5s));
+
+  // Decided, the record still learns that a branch was acknowledged.
+  auto m = open_op({"alfa", "bravo"}, 1);
+  REQUIRE(amp::apply_reply(m, "alfa", 1, true, "1", t0 + 1s).value().decided);
+  REQUIRE(m.state == operation_state::completed);
+  CHECK(amp::mark_delivered(m, "bravo", 1, t0 + 2s));
+  CHECK(m.branches["bravo"].state == branch_state::delivered);
+}
+
+TEST_CASE("only members reply; a member who is not the initiator is refused its commands",
+          "[operation_record]") {
+  auto r = open_op({"alfa", "bravo"}, 2);
+  CHECK(amp::check_member(r, "alfa").has_value());
+  CHECK(amp::check_member(r, "zulu").error().code() == amp::errc::forbidden);
+  CHECK(amp::refuse_member(r, "alfa", "cancel").error().code() == amp::errc::forbidden);
+  CHECK(amp::refuse_member(r, "alfa", "cancel").error().message() ==
+        "only the initiator may cancel operation \"" + r.operation + "\"");
+  CHECK(amp::refuse_member(r, r.initiator, "cancel").has_value());
+  CHECK(amp::refuse_member(r, "zulu", "cancel").has_value());  // the caller's not_found
+  // A stranger is forbidden a reply even past the deadline, before any conflict.
+  CHECK(amp::apply_reply(r, "zulu", 1, true, "1", t0 + 1h).error().code() == amp::errc::forbidden);
 }
 
 TEST_CASE("a cancel tells replied, withdrawn and acknowledged branches apart",

@@ -268,4 +268,88 @@ TEST_CASE("an audience of all is every participant with an inbox, connected or n
           .raw("/members") == R"(["alfa","boss","gone","waiting"])");
 }
 
+TEST_CASE("bad requests, members and strangers are told so before the policy and the body size",
+          "[session][operations]") {
+  gateway_rig rig([](amp::server_config& c) {
+    c.limits.max_body_bytes = 64;
+    c.participant_policies["boss"].per_day = std::int64_t{1};
+    c.participant_policies["alfa"].per_s = 0.001;
+    c.participant_policies["alfa"].burst = 1.0;
+  });
+  auto boss = rig.connect("boss");
+  auto alfa = rig.connect("alfa");
+  auto mallory = rig.connect("mallory");
+  auto ok = boss.request(
+      R"({"op":"scatter","id":1,"to":["alfa","bravo"],"body":1,"quorum":2,"timeout_ms":60000})",
+      "1");
+  REQUIRE(ok.op() == "ok");
+  const auto op = ok.str("/operation");
+  // The budget is spent; an audience of nobody (include_self left out) is still bad_request.
+  CHECK(boss.request(R"({"op":"scatter","id":2,"to":["alfa"],"body":1})", "2").code() ==
+        "budget_exhausted");
+  // Nobody is registered: online is nobody.
+  CHECK(boss.request(R"({"op":"scatter","id":3,"audience":"online","body":1})", "3").code() ==
+        "bad_request");
+  CHECK(boss.request(R"({"op":"scatter","id":4,"audience":"all","quorum":9,"timeout_ms":1000,)"
+                     R"("body":1})",
+                     "4")
+            .code() == "bad_request");
+
+  // alfa spends its one unit of rate; a retry by a member is forbidden all the same.
+  CHECK(alfa.request(R"({"op":"send","id":5,"to":"bravo","body":1})", "5").op() == "ok");
+  CHECK(alfa.request(R"({"op":"send","id":6,"to":"bravo","body":1})", "6").code() ==
+        "rate_limited");
+  CHECK(alfa.request(R"({"op":"retry","id":7,"operation":")" + op + R"(","member":"bravo"})", "7")
+            .code() == "forbidden");
+  // Someone of the ns who is not a member: forbidden before the body's size.
+  const std::string big = R"(,"body":")" + std::string(80, 'x') + "\"}";
+  CHECK(
+      mallory.request(R"({"op":"reply","id":8,"operation":")" + op + R"(","attempt":1)" + big, "8")
+          .code() == "forbidden");
+  CHECK(alfa.request(R"({"op":"reply","id":9,"operation":")" + op + R"(","attempt":1)" + big, "9")
+            .code() == "payload_too_large");
+}
+
+TEST_CASE("a body that bodies leaves nobody to receive is not checked", "[session][operations]") {
+  gateway_rig rig([](amp::server_config& c) { c.limits.max_body_bytes = 64; });
+  auto boss = rig.connect("boss");
+  const std::string big = "\"" + std::string(80, 'x') + "\"";
+  CHECK(boss.request(
+                R"({"op":"scatter","id":1,"to":["alfa"],"bodies":{"alfa":2},"body":)" + big + "}",
+                "1")
+            .op() == "ok");
+  CHECK(boss.request(R"({"op":"scatter","id":2,"to":["alfa","bravo"],"bodies":{"alfa":2},)"
+                     R"("body":)" +
+                         big + "}",
+                     "2")
+            .code() == "payload_too_large");
+}
+
+TEST_CASE("an acked branch is delivered once the ack is answered, even in a decided operation",
+          "[session][operations]") {
+  gateway_rig rig;
+  auto boss = rig.connect("boss");
+  auto alfa = rig.connect("alfa");
+  auto bravo = rig.connect("bravo");
+  auto ack_first = [&](amp::testing::wire& w, const std::string& id) {
+    auto m = messages(w, "");
+    REQUIRE(m.size() == 1);
+    return w.request(
+        R"({"op":"ack","id":)" + id + R"(,"seq":)" + std::to_string(m[0].num("/seq")) + "}", id);
+  };
+  auto multicast = boss.request(R"({"op":"scatter","id":1,"to":["alfa"],"body":1})", "1");
+  const auto m = multicast.str("/operation");
+  REQUIRE(ack_first(alfa, "2").op() == "ok");
+  auto seen = boss.request(R"({"op":"operation","id":3,"operation":")" + m + "\"}", "3");
+  CHECK(seen.str("/operation/state") == "completed");
+  CHECK(seen.str("/operation/branches/alfa/state") == "delivered");
+
+  auto gather = boss.request(
+      R"({"op":"scatter","id":4,"to":["bravo"],"body":1,"quorum":1,"timeout_ms":60000})", "4");
+  const auto g = gather.str("/operation");
+  REQUIRE(ack_first(bravo, "5").op() == "ok");
+  auto cancelled = boss.request(R"({"op":"cancel","id":6,"operation":")" + g + "\"}", "6");
+  CHECK(cancelled.str("/branches/bravo") == "unknown");
+}
+
 }  // namespace
