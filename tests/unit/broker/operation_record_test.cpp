@@ -204,7 +204,7 @@ TEST_CASE("an acknowledgement marks a pending branch of its attempt delivered, n
   CHECK(m.branches["bravo"].state == branch_state::delivered);
 }
 
-TEST_CASE("only members reply; a member who is not the initiator is refused its commands",
+TEST_CASE("only members reply, and a member who is not the initiator is refused its commands",
           "[operation_record]") {
   auto r = open_op({"alfa", "bravo"}, 2);
   CHECK(amp::check_member(r, "alfa").has_value());
