@@ -508,6 +508,16 @@ result<void> no_positionals(const command_spec& spec, const split_line& line) {
 
 // One reader per command: from the split line to the command's struct.
 
+// `args` with the connection options of `line` (`connection`): what a reader returns.
+template <class Args>
+result<command> connected(Args args, const command_spec& spec, const split_line& line,
+                          const env_lookup& env) {
+  auto c = connection(spec, line, env);
+  if (!c) return std::move(c).error();
+  args.connection = std::move(*c);
+  return command(std::move(args));
+}
+
 result<command> read_token(const command_spec& spec, const split_line& line, const env_lookup&) {
   if (auto r = no_positionals(spec, line); !r) return std::move(r).error();
   token_args t;
@@ -577,10 +587,7 @@ result<command> read_send(const command_spec& spec, const split_line& line, cons
   auto body = body_positional(spec, line);
   if (!body) return std::move(body).error();
   s.body = std::move(*body);
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  s.connection = std::move(*c);
-  return command(std::move(s));
+  return connected(std::move(s), spec, line, env);
 }
 
 result<command> read_listen(const command_spec& spec, const split_line& line,
@@ -591,10 +598,7 @@ result<command> read_listen(const command_spec& spec, const split_line& line,
   if (!count) return std::move(count).error();
   l.count = *count;
   l.ack = !line.flag("--no-ack");
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  l.connection = std::move(*c);
-  return command(std::move(l));
+  return connected(std::move(l), spec, line, env);
 }
 
 result<command> read_submit(const command_spec& spec, const split_line& line,
@@ -622,10 +626,7 @@ result<command> read_submit(const command_spec& spec, const split_line& line,
   auto body = body_positional(spec, line);
   if (!body) return std::move(body).error();
   s.body = std::move(*body);
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  s.connection = std::move(*c);
-  return command(std::move(s));
+  return connected(std::move(s), spec, line, env);
 }
 
 result<command> read_work(const command_spec& spec, const split_line& line, const env_lookup& env) {
@@ -645,10 +646,7 @@ result<command> read_work(const command_spec& spec, const split_line& line, cons
   if (line.positionals.empty()) return usage(spec, "no COMMAND to run (give it after --)");
   if (line.positionals.front().empty()) return usage(spec, "COMMAND must not be empty");
   w.command = line.positionals;
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  w.connection = std::move(*c);
-  return command(std::move(w));
+  return connected(std::move(w), spec, line, env);
 }
 
 result<command> read_pub(const command_spec& spec, const split_line& line, const env_lookup& env) {
@@ -661,10 +659,7 @@ result<command> read_pub(const command_spec& spec, const split_line& line, const
   auto body = body_positional(spec, line);
   if (!body) return std::move(body).error();
   p.body = std::move(*body);
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  p.connection = std::move(*c);
-  return command(std::move(p));
+  return connected(std::move(p), spec, line, env);
 }
 
 result<command> read_sub(const command_spec& spec, const split_line& line, const env_lookup& env) {
@@ -681,10 +676,7 @@ result<command> read_sub(const command_spec& spec, const split_line& line, const
   auto count = integer_option(spec, line, "--count", 0, 1, INT64_MAX);
   if (!count) return std::move(count).error();
   s.count = *count;
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  s.connection = std::move(*c);
-  return command(std::move(s));
+  return connected(std::move(s), spec, line, env);
 }
 
 result<command> read_who(const command_spec& spec, const split_line& line, const env_lookup& env) {
@@ -692,10 +684,7 @@ result<command> read_who(const command_spec& spec, const split_line& line, const
   who_args w;
   w.job = string_option(line, "--job");
   if (line.flag("--job") && w.job.empty()) return usage(spec, "--job must not be empty");
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  w.connection = std::move(*c);
-  return command(std::move(w));
+  return connected(std::move(w), spec, line, env);
 }
 
 result<command> read_task(const command_spec& spec, const split_line& line, const env_lookup& env) {
@@ -704,10 +693,7 @@ result<command> read_task(const command_spec& spec, const split_line& line, cons
   if (!id) return std::move(id).error();
   t.task = std::move(*id);
   t.history = line.flag("--history");
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  t.connection = std::move(*c);
-  return command(std::move(t));
+  return connected(std::move(t), spec, line, env);
 }
 
 result<command> read_cancel(const command_spec& spec, const split_line& line,
@@ -716,10 +702,7 @@ result<command> read_cancel(const command_spec& spec, const split_line& line,
   auto id = one_positional(spec, line, "ID");
   if (!id) return std::move(id).error();
   x.task = std::move(*id);
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  x.connection = std::move(*c);
-  return command(std::move(x));
+  return connected(std::move(x), spec, line, env);
 }
 
 result<command> read_scatter(const command_spec& spec, const split_line& line,
@@ -767,10 +750,7 @@ result<command> read_scatter(const command_spec& spec, const split_line& line,
   auto body = body_positional(spec, line);
   if (!body) return std::move(body).error();
   a.body = std::move(*body);
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  a.connection = std::move(*c);
-  return command(std::move(a));
+  return connected(std::move(a), spec, line, env);
 }
 
 result<command> read_reply(const command_spec& spec, const split_line& line,
@@ -789,10 +769,7 @@ result<command> read_reply(const command_spec& spec, const split_line& line,
     if (!body) return std::move(body).error();
     a.body = std::move(*body);
   }
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  a.connection = std::move(*c);
-  return command(std::move(a));
+  return connected(std::move(a), spec, line, env);
 }
 
 result<command> read_operation(const command_spec& spec, const split_line& line,
@@ -801,10 +778,7 @@ result<command> read_operation(const command_spec& spec, const split_line& line,
   auto id = one_positional(spec, line, "ID");
   if (!id) return std::move(id).error();
   a.operation = std::move(*id);
-  auto c = connection(spec, line, env);
-  if (!c) return std::move(c).error();
-  a.connection = std::move(*c);
-  return command(std::move(a));
+  return connected(std::move(a), spec, line, env);
 }
 
 using reader = result<command> (*)(const command_spec&, const split_line&, const env_lookup&);

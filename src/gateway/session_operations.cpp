@@ -53,30 +53,29 @@ result<std::vector<participant_name>> session::impl::resolve_audience(detail::ns
 
 namespace {
 
-// bad_request for an audience that resolved to nobody, to fewer members than the quorum or
-// to more than an operation may have, or that leaves out a member of `bodies`.
-result<void> check_audience(std::string_view audience, const std::vector<participant_name>& members,
-                            int quorum,
-                            const std::map<std::string, std::string, std::less<>>& bodies) {
+// bad_request for members (those of `to`, or an audience resolved) who are nobody, fewer than
+// the quorum or more than an operation may have, or who leave out a member of `bodies`;
+// `what` names them in the message.
+result<void> check_members(std::string_view what, const std::vector<participant_name>& members,
+                           int quorum,
+                           const std::map<std::string, std::string, std::less<>>& bodies) {
   if (members.empty()) {
     return unexpected(errc::bad_request,
-                      fmt::format("audience {} is nobody", amp::quoted(audience)));
+                      fmt::format("{} names nobody (the initiator only with include_self)", what));
   }
   if (quorum > static_cast<int>(members.size())) {
-    return unexpected(errc::bad_request,
-                      fmt::format("quorum {} is more than the {} members of audience {}", quorum,
-                                  members.size(), amp::quoted(audience)));
+    return unexpected(errc::bad_request, fmt::format("quorum {} is more than the {} members of {}",
+                                                     quorum, members.size(), what));
   }
   if (members.size() > max_operation_members) {
     return unexpected(errc::bad_request,
-                      fmt::format("audience {} has {} members; an operation has at most {}",
-                                  amp::quoted(audience), members.size(), max_operation_members));
+                      fmt::format("{} has {} members; an operation has at most {}", what,
+                                  members.size(), max_operation_members));
   }
-  // Not a structured binding: clang before 16 cannot capture one (the fuzz build is 14).
-  for (const auto& entry : bodies) {
-    const std::string& member = entry.first;
-    if (std::none_of(members.begin(), members.end(),
-                     [&](const participant_name& m) { return m.view() == member; })) {
+  std::set<std::string_view> named;
+  for (const auto& m : members) named.insert(m.view());
+  for (const auto& [member, body] : bodies) {
+    if (!named.count(member)) {
       return unexpected(errc::bad_request,
                         fmt::format("bodies: {} is not a member", amp::quoted(member)));
     }
@@ -106,18 +105,8 @@ void session::impl::on_scatter(request& rq) {
       if (name == me.participant && !include_self) continue;
       if (named.insert(name.str()).second) members.push_back(std::move(name));
     }
-    if (members.empty()) {
-      return fail(rq, errc::bad_request, "to names nobody but the initiator");
-    }
-    if (quorum > static_cast<int>(members.size())) {
-      return fail(rq, errc::bad_request,
-                  fmt::format("quorum {} is more than the {} members", quorum, members.size()));
-    }
-    for (const auto& [member, body] : bodies) {
-      if (!named.count(member)) {
-        return fail(rq, errc::bad_request,
-                    fmt::format("bodies: {} is not a member", amp::quoted(member)));
-      }
+    if (auto refused = check_members("to", members, quorum, bodies); !refused) {
+      return fail(rq, refused.error());
     }
   }
   if (rq.frame["idempotency_key"].error() == simdjson::SUCCESS &&
@@ -142,7 +131,8 @@ void session::impl::on_scatter(request& rq) {
     auto resolved = resolve_audience(*st, me.participant, audience, include_self);
     if (!resolved) return fail(rq, resolved.error());
     members = std::move(*resolved);
-    if (auto refused = check_audience(audience, members, quorum, bodies); !refused) {
+    const auto what = "audience " + amp::quoted(audience);
+    if (auto refused = check_members(what, members, quorum, bodies); !refused) {
       return fail(rq, refused.error());
     }
   }
@@ -268,14 +258,17 @@ void session::impl::on_retry(request& rq) {
   auto& st = here.second;
   auto op = operation_of(rq.frame);
   auto member = participant_name::make(string_or_empty(rq.frame, "member")).value();
-  // forbidden before rate_limited (§1): a member is refused without spending the rate.
-  if (auto rec = gw->timed([&] { return st->b->operations().get(op); }); rec) {
-    if (auto m = refuse_member(*rec, me.participant.view(), "retry a branch of"); !m) {
-      return fail(rq, m.error());
+  // A retry counts against the rate, not the budget. forbidden comes before rate_limited
+  // (§1): only a retry the rate refuses reads the record to learn whether a member asked (the
+  // broker refuses the others' itself).
+  if (auto verdict = gw->pol->take_rate(me.ns, me.participant, 0); !verdict.allowed) {
+    if (auto rec = gw->timed([&] { return st->b->operations().get(op); }); rec) {
+      if (auto m = refuse_member(*rec, me.participant.view(), "retry a branch of"); !m) {
+        return fail(rq, m.error());
+      }
     }
+    return fail(rq, error(errc::rate_limited, verdict.message), verdict.retry_after.count());
   }
-  // A retry counts against the rate, not the budget.
-  if (!take_rate(rq, me, 0)) return;
   auto attempt = gw->timed([&] { return st->b->operations().retry(op, me.participant, member); });
   if (!attempt) return fail(rq, attempt.error());
   json_writer w;

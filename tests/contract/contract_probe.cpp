@@ -45,19 +45,17 @@ const std::map<std::string, std::function<bool(std::string_view)>, std::less<>> 
     {"OperationId", valid<amp::operation_id>},
 };
 
-template <class Name>
-Name must(simdjson::dom::object tuple, const char* field) {
-  std::string_view text;
-  if (tuple[field].get_string().get(text)) throw std::runtime_error(std::string("no ") + field);
-  auto made = Name::make(text);
-  if (!made) throw std::runtime_error(made.error().message());
-  return *std::move(made);
-}
-
 std::string text_of(simdjson::dom::object tuple, const char* field) {
   std::string_view text;
   if (tuple[field].get_string().get(text)) throw std::runtime_error(std::string("no ") + field);
   return std::string(text);
+}
+
+template <class Name>
+Name must(simdjson::dom::object tuple, const char* field) {
+  auto made = Name::make(text_of(tuple, field));
+  if (!made) throw std::runtime_error(made.error().message());
+  return *std::move(made);
 }
 
 // Everything subjects.hpp builds for one set of parameters, by the contract's keys.
