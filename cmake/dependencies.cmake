@@ -16,3 +16,11 @@ find_package(websocketpp CONFIG QUIET)
 if(websocketpp_FOUND)
   include(${CMAKE_CURRENT_LIST_DIR}/websocketpp.cmake)
 endif()
+# libpq and SQLite (for the sink library and amp-sink) are optional: without them neither
+# is built.
+if(NOT TARGET PkgConfig::PQ)
+  pkg_check_modules(PQ QUIET IMPORTED_TARGET libpq)
+endif()
+if(NOT TARGET PkgConfig::SQLITE3)
+  pkg_check_modules(SQLITE3 QUIET IMPORTED_TARGET sqlite3)
+endif()

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <initializer_list>
 #include <limits>
 #include <optional>
@@ -261,6 +262,13 @@ inline result<std::string> read_config_file(const std::string& path, std::size_t
     }
   }
   return text;
+}
+
+/// `p` relative to `base` (the configuration file's folder) unless it is absolute.
+inline std::string resolve_path(const std::filesystem::path& base, const std::string& p) {
+  const std::filesystem::path path(p);
+  if (base.empty() || path.is_absolute()) return p;
+  return (base / path).string();
 }
 
 /// A dotted key as a message shows it: as it is when it is plain, quoted otherwise.

@@ -568,12 +568,6 @@ job_override as_override(const job_settings& j) {
   return {j.lease_s, j.max_attempts, j.decline_delay_ms};
 }
 
-std::string resolve_path(const std::filesystem::path& base, const std::string& p) {
-  const std::filesystem::path path(p);
-  if (base.empty() || path.is_absolute()) return p;
-  return (base / path).string();
-}
-
 }  // namespace
 
 participant_policy participant_policy_override::over(const participant_policy& base) const {

@@ -14,23 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "support/process.hpp"
+
 namespace amp::testing {
-
-/// A temporary directory that goes away with the object.
-class temp_dir {
- public:
-  temp_dir();
-  ~temp_dir();
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-
-  const std::filesystem::path& path() const { return path_; }
-  /// Writes `text` to `name` in the directory and returns its path.
-  std::filesystem::path write(const std::string& name, const std::string& text) const;
-
- private:
-  std::filesystem::path path_;
-};
 
 class server_process {
  public:
@@ -96,13 +82,5 @@ class server_process {
   std::uint16_t port_ = 0;
   pid_t pid_ = -1;
 };
-
-/// A plain HTTP/1.1 GET to 127.0.0.1:`port`, read until the server closes.
-struct http_response {
-  int status = 0;  ///< 0 when there was no answer
-  std::string headers;
-  std::string body;
-};
-http_response http_get(std::uint16_t port, const std::string& target);
 
 }  // namespace amp::testing

@@ -1,0 +1,294 @@
+// The PostgreSQL target (libpq): one transaction per batch. The keys of the batch that are
+// stored already are read first (one SELECT), the new rows (and with `replace` the others'
+// replacements) go in one multi-row INSERT … ON CONFLICT. A row PostgreSQL refuses (a
+// body jsonb cannot hold, such as "\u0000") fails the statement: the batch is then written
+// again row by row under savepoints, so only the refused rows stay out.
+
+#include <fmt/format.h>
+#include <libpq-fe.h>
+
+#include <map>
+#include <utility>
+
+#include "sink/targets.hpp"
+
+namespace amp::sink::detail {
+namespace {
+
+constexpr std::string_view k_columns[] = {"key",    "stream", "seq", "subject", "topic",  "msg_id",
+                                          "sender", "type",   "ts",  "body",    "headers"};
+constexpr std::string_view k_casts[] = {"", "", "::bigint",      "",        "",       "",
+                                        "", "", "::timestamptz", "::jsonb", "::jsonb"};
+constexpr std::size_t k_params = std::size(k_columns);
+
+struct conn_closer {
+  void operator()(PGconn* c) const noexcept { PQfinish(c); }
+};
+struct result_closer {
+  void operator()(PGresult* r) const noexcept { PQclear(r); }
+};
+using conn_ptr = std::unique_ptr<PGconn, conn_closer>;
+using pg_result = std::unique_ptr<PGresult, result_closer>;
+
+// SQLSTATE classes of failures that pass: connection (08), resources such as a full disk
+// (53), operator intervention such as a shutdown (57), system errors (58), and a
+// transaction rolled back for serialization or deadlock (40).
+bool transient_state(std::string_view state) {
+  const auto cls = state.substr(0, 2);
+  return state.empty() || cls == "08" || cls == "53" || cls == "57" || cls == "58" || cls == "40";
+}
+
+std::string first_line(const char* message) {
+  std::string_view m = message ? message : "";
+  while (!m.empty() && (m.back() == '\n' || m.back() == ' ')) m.remove_suffix(1);
+  if (auto nl = m.find('\n'); nl != std::string_view::npos) m = m.substr(0, nl);
+  return std::string(m);
+}
+
+// The DSN without its password (`password=…` or a URI's `user:…@`), for messages.
+std::string redacted(std::string_view dsn) {
+  std::string out(dsn);
+  if (auto scheme = out.find("://"); scheme != std::string::npos) {
+    const auto at = out.find('@', scheme);
+    const auto colon = out.find(':', scheme + 3);
+    if (at != std::string::npos && colon != std::string::npos && colon < at) {
+      out.replace(colon + 1, at - colon - 1, "***");
+    }
+  }
+  for (auto pos = out.find("password="); pos != std::string::npos;
+       pos = out.find("password=", pos + 1)) {
+    const auto start = pos + 9;
+    auto end = start;
+    if (end < out.size() && out[end] == '\'') {
+      end = out.find('\'', end + 1);
+      end = end == std::string::npos ? out.size() : end + 1;
+    } else {
+      end = out.find(' ', start);
+      if (end == std::string::npos) end = out.size();
+    }
+    out.replace(start, end - start, "***");
+  }
+  return out;
+}
+
+class postgres_target final : public target {
+ public:
+  explicit postgres_target(target_config c) : config_(std::move(c)) {}
+
+  std::string describe() const override {
+    return fmt::format("postgres {}:{}", redacted(config_.dsn), config_.table);
+  }
+
+  result<void> open() override {
+    conn_.reset();
+    // A connect_timeout in the DSN wins over this one (later settings override earlier).
+    const char* keys[] = {"connect_timeout", "dbname", nullptr};
+    const char* values[] = {"5", config_.dsn.c_str(), nullptr};
+    conn_ptr made(PQconnectdbParams(keys, values, 1));
+    if (!made || PQstatus(made.get()) != CONNECTION_OK) {
+      return away(fmt::format("{}: cannot connect: {}", describe(),
+                              first_line(made ? PQerrorMessage(made.get()) : "out of memory")));
+    }
+    conn_ = std::move(made);
+    const auto create = fmt::format(
+        "CREATE TABLE IF NOT EXISTS \"{}\" (key text PRIMARY KEY, stream text NOT NULL, "
+        "seq bigint NOT NULL, subject text NOT NULL, topic text, msg_id text NOT NULL, "
+        "sender text NOT NULL, type text, ts timestamptz NOT NULL, body jsonb NOT NULL, "
+        "headers jsonb NOT NULL, committed_at timestamptz NOT NULL DEFAULT now())",
+        config_.table);
+    // Two sinks creating one table at once: one of them sees a unique violation (23505) on
+    // the catalog, and the table exists afterwards.
+    if (auto r = run(create, {}); !r && r.error().code() != errc::conflict) return fail_open(r);
+    auto cols =
+        run("SELECT column_name FROM information_schema.columns WHERE table_schema = "
+            "current_schema() AND table_name = $1",
+            {config_.table});
+    if (!cols) return fail_open(cols);
+    for (auto c : k_columns) {
+      if (!has_value(cols->get(), c)) return no_column(c);
+    }
+    if (!has_value(cols->get(), "committed_at")) return no_column("committed_at");
+    return {};
+  }
+
+  result<batch_result> write(std::span<const row> rows, duplicate_mode mode) override {
+    if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
+      if (auto r = open(); !r) return r.error();
+    }
+    auto whole = write_batch(rows, mode, false);
+    if (whole || whole.error().code() != errc::bad_request) return whole;
+    // A row was refused: find which, keep the rest.
+    return write_batch(rows, mode, true);
+  }
+
+ private:
+  result<batch_result> write_batch(std::span<const row> rows, duplicate_mode mode,
+                                   bool one_by_one) {
+    batch_result out;
+    out.outcomes.assign(rows.size(), row_outcome::written);
+    out.reasons.resize(rows.size());
+    if (auto r = run("BEGIN", {}); !r) return abandon(r.error());
+    auto stored = stored_origins(rows);
+    if (!stored) return abandon(stored.error());
+    std::vector<std::size_t> to_write;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      auto it = stored->find(rows[i].key);
+      if (it == stored->end()) {
+        to_write.push_back(i);
+      } else if (it->second.first == rows[i].stream && it->second.second == rows[i].seq) {
+        out.outcomes[i] = row_outcome::same;
+      } else if (mode == duplicate_mode::skip) {
+        out.outcomes[i] = row_outcome::skipped;
+      } else if (mode == duplicate_mode::fail) {
+        out.outcomes[i] = row_outcome::duplicate;
+      } else {
+        out.outcomes[i] = row_outcome::replaced;
+        to_write.push_back(i);
+      }
+    }
+    if (!one_by_one) {
+      if (!to_write.empty()) {
+        if (auto r = insert(rows, to_write, mode); !r) return abandon(r.error());
+      }
+    } else {
+      for (auto i : to_write) {
+        if (auto r = run("SAVEPOINT amp_row", {}); !r) return abandon(r.error());
+        auto r = insert(rows, {&i, 1}, mode);
+        if (r) {
+          if (auto s = run("RELEASE SAVEPOINT amp_row", {}); !s) return abandon(s.error());
+          continue;
+        }
+        if (r.error().code() != errc::bad_request) return abandon(r.error());
+        if (auto s = run("ROLLBACK TO SAVEPOINT amp_row", {}); !s) return abandon(s.error());
+        out.outcomes[i] = row_outcome::refused;
+        out.reasons[i] = r.error().message();
+      }
+    }
+    if (auto r = run("COMMIT", {}); !r) return abandon(r.error());
+    return out;
+  }
+
+  // The stream and seq stored under each key of `rows` that is stored.
+  result<std::map<std::string, std::pair<std::string, std::uint64_t>, std::less<>>> stored_origins(
+      std::span<const row> rows) {
+    std::string sql =
+        fmt::format("SELECT key, stream, seq FROM \"{}\" WHERE key IN (", config_.table);
+    std::vector<std::string_view> keys;
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      sql += fmt::format("{}${}", i == 0 ? "" : ",", i + 1);
+      keys.push_back(rows[i].key);
+    }
+    sql += ")";
+    auto r = run(sql, keys);
+    if (!r) return r.error();
+    std::map<std::string, std::pair<std::string, std::uint64_t>, std::less<>> out;
+    for (int i = 0; i < PQntuples(r->get()); ++i) {
+      out.emplace(PQgetvalue(r->get(), i, 0), std::pair(std::string(PQgetvalue(r->get(), i, 1)),
+                                                        std::stoull(PQgetvalue(r->get(), i, 2))));
+    }
+    return out;
+  }
+
+  // With `replace` a stored key is overwritten; otherwise (a key stored since the SELECT, by
+  // someone else) it is left as it is.
+  result<void> insert(std::span<const row> rows, std::span<const std::size_t> which,
+                      duplicate_mode mode) {
+    std::string sql = fmt::format("INSERT INTO \"{}\" ({}, committed_at) VALUES ", config_.table,
+                                  fmt::join(k_columns, ", "));
+    std::vector<std::string> seqs;
+    seqs.reserve(which.size());
+    std::vector<const char*> values;
+    values.reserve(which.size() * k_params);
+    int n = 0;
+    for (std::size_t w = 0; w < which.size(); ++w) {
+      const auto& r = rows[which[w]];
+      sql += w == 0 ? "(" : ",(";
+      for (std::size_t c = 0; c < k_params; ++c) sql += fmt::format("${}{},", ++n, k_casts[c]);
+      sql += "now())";
+      seqs.push_back(std::to_string(r.seq));
+      values.insert(values.end(),
+                    {r.key.c_str(), r.stream.c_str(), seqs.back().c_str(), r.subject.c_str(),
+                     r.topic ? r.topic->c_str() : nullptr, r.msg_id.c_str(), r.sender.c_str(),
+                     r.type.empty() ? nullptr : r.type.c_str(), r.ts.c_str(), r.body.c_str(),
+                     r.headers.c_str()});
+    }
+    sql += mode != duplicate_mode::replace
+               ? " ON CONFLICT (key) DO NOTHING"
+               : " ON CONFLICT (key) DO UPDATE SET stream = EXCLUDED.stream, seq = EXCLUDED.seq, "
+                 "subject = EXCLUDED.subject, topic = EXCLUDED.topic, msg_id = EXCLUDED.msg_id, "
+                 "sender = EXCLUDED.sender, type = EXCLUDED.type, ts = EXCLUDED.ts, body = "
+                 "EXCLUDED.body, headers = EXCLUDED.headers, committed_at = EXCLUDED.committed_at";
+    auto r = exec(sql, values);
+    if (!r) return r.error();
+    return {};
+  }
+
+  static bool has_value(PGresult* r, std::string_view v) {
+    for (int i = 0; i < PQntuples(r); ++i) {
+      if (v == PQgetvalue(r, i, 0)) return true;
+    }
+    return false;
+  }
+
+  unexpected no_column(std::string_view c) {
+    conn_.reset();
+    return unexpected(errc::bad_request,
+                      fmt::format("{}: the table has no column \"{}\" (a table of another "
+                                  "program? name another table)",
+                                  describe(), c));
+  }
+
+  template <class R>
+  unexpected fail_open(const R& r) {
+    conn_.reset();
+    return away(r.error().message());
+  }
+
+  // Rolls back what the failed transaction did; the connection goes when it is broken.
+  unexpected abandon(const error& e) {
+    if (conn_ && PQstatus(conn_.get()) == CONNECTION_OK) {
+      pg_result(PQexec(conn_.get(), "ROLLBACK"));
+    }
+    if (e.code() == errc::unavailable) conn_.reset();
+    return unexpected(e.code(), e.message());
+  }
+
+  result<pg_result> run(const std::string& sql, const std::vector<std::string_view>& params) {
+    std::vector<std::string> owned(params.begin(), params.end());
+    std::vector<const char*> values;
+    for (const auto& p : owned) values.push_back(p.c_str());
+    return exec(sql, values);
+  }
+
+  // `unavailable` for what may pass, `conflict` for a unique violation, `bad_request` for a
+  // row or statement PostgreSQL refuses.
+  result<pg_result> exec(const std::string& sql, const std::vector<const char*>& values) {
+    if (!conn_) return away(describe() + ": not connected");
+    pg_result r(PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(values.size()), nullptr,
+                             values.data(), nullptr, nullptr, 0));
+    const auto status = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+    if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return r;
+    const char* state = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
+    const std::string_view sqlstate = state ? state : "";
+    auto message =
+        fmt::format("{}: {}{}", describe(),
+                    first_line(r ? PQresultErrorMessage(r.get()) : PQerrorMessage(conn_.get())),
+                    sqlstate.empty() ? "" : fmt::format(" (SQLSTATE {})", sqlstate));
+    if (PQstatus(conn_.get()) != CONNECTION_OK || transient_state(sqlstate)) {
+      return away(std::move(message));
+    }
+    if (sqlstate == "23505") return unexpected(errc::conflict, std::move(message));
+    return unexpected(errc::bad_request, std::move(message));
+  }
+
+  target_config config_;
+  conn_ptr conn_;
+};
+
+}  // namespace
+
+std::unique_ptr<target> make_postgres_target(const target_config& config) {
+  return std::make_unique<postgres_target>(config);
+}
+
+}  // namespace amp::sink::detail
