@@ -90,6 +90,9 @@ class postgres_target final : public target {
                               first_line(made ? PQerrorMessage(made.get()) : "out of memory")));
     }
     conn_ = std::move(made);
+    // Notices ("relation … already exists, skipping") are not for the sink's log.
+    PQsetNoticeProcessor(
+        conn_.get(), [](void*, const char*) {}, nullptr);
     const auto create = fmt::format(
         "CREATE TABLE IF NOT EXISTS \"{}\" (key text PRIMARY KEY, stream text NOT NULL, "
         "seq bigint NOT NULL, subject text NOT NULL, topic text, msg_id text NOT NULL, "

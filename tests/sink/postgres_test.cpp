@@ -1,0 +1,275 @@
+// The sink on JetStream (a real nats-server) into a real PostgreSQL: commit-then-ack,
+// duplicates, rows PostgreSQL refuses, the database stopped under load, ended tasks.
+
+#include <catch2/catch.hpp>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "amp/broker/job_queue.hpp"
+#include "amp/broker/topics.hpp"
+#include "amp/sink/sink.hpp"
+#include "sink/pg_rig.hpp"
+#include "sink/sink_rig.hpp"
+#include "support/jetstream_connect.hpp"
+#include "support/nats_server.hpp"
+#include "support/postgres_server.hpp"
+
+using namespace amp;
+using namespace amp::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct rig {
+  nats_server nats = nats_server::start();
+  postgres_server pg = postgres_server::start({.fsync = false});
+  std::shared_ptr<transport> t = connect_jetstream(nats, {});
+  broker_config broker{.ns = namespace_name::make("demo").value()};
+  std::shared_ptr<topics> events = topics::open(t, broker).value();
+
+  sink::sink_config config(std::string name = "archive") const {
+    sink::sink_config c;
+    c.name = std::move(name);
+    c.ns = "demo";
+    c.topics = {">"};
+    c.max_messages = 64;
+    c.max_wait = 20ms;
+    c.targets = {{.kind = sink::target_kind::postgres, .dsn = pg.dsn(), .table = "events"}};
+    return c;
+  }
+
+  std::unique_ptr<sink::sink> make(sink::sink_config c, sink::sink_options o = {}) {
+    o.backoff_min = 20ms;
+    o.backoff_max = 200ms;
+    o.idle_wait = 100ms;
+    auto s = sink::sink::create(t, std::move(c), {}, std::move(o));
+    INFO((s ? "" : s.error().message()));
+    REQUIRE(s);
+    return std::move(*s);
+  }
+
+  std::uint64_t publish(const std::string& topic, const std::string& body,
+                        const std::string& from = "alice", const std::string& msg_id = "") {
+    return publish_event(*events, topic, body, from, msg_id);
+  }
+
+  std::string rows() const { return pg_value(pg.dsn(), "SELECT count(*) FROM events"); }
+  std::size_t rows_of(const std::string& table) const {
+    try {
+      return std::stoull(pg_value(pg.dsn(), "SELECT count(*) FROM " + table));
+    } catch (const std::runtime_error&) {
+      return 0;  // not created yet
+    }
+  }
+
+  // Steps until the consumer has nothing pending or in flight.
+  void drain(sink::sink& s, const std::string& name = "archive") {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      auto info = t->consumer_info_of("AMP_TOPICS_demo", name);
+      REQUIRE(info);
+      if (info->num_pending == 0 && info->num_ack_pending == 0) return;
+      s.step();
+    }
+    FAIL("the sink did not drain");
+  }
+};
+
+}  // namespace
+
+TEST_CASE(
+    "events are committed to PostgreSQL as jsonb, one transaction per batch, then "
+    "acknowledged",
+    "[sink][postgres]") {
+  rig r;
+  auto s = r.make(r.config());
+  const auto seq = r.publish("news.eu", R"({"n":1,"tags":["a","b"]})");
+  for (int i = 2; i <= 100; ++i) r.publish("news.eu", fmt::format(R"({{"n":{}}})", i));
+  r.drain(*s);
+  CHECK(r.rows() == "100");
+  auto row = pg_query(r.pg.dsn(), fmt::format("SELECT stream, seq, subject, topic, sender, type, "
+                                              "body->'tags'->>1, headers::text, "
+                                              "pg_typeof(body)::text, pg_typeof(ts)::text "
+                                              "FROM events WHERE key = 'AMP_TOPICS_demo:{}'",
+                                              seq));
+  REQUIRE(row.size() == 1);
+  CHECK(row[0] == std::vector<std::string>{"AMP_TOPICS_demo", std::to_string(seq),
+                                           "amp.demo.topic.news.eu", "news.eu", "alice", "note",
+                                           "b", "{}", "jsonb", "timestamp with time zone"});
+  const auto stats = s->stats();
+  CHECK(stats.committed == 100);
+  CHECK(stats.acked == 100);
+  CHECK(stats.batches >= 2);  // batches of at most 64
+
+  SECTION("a second sink on the table meets the same messages as duplicates, not errors") {
+    auto other = r.make(r.config("replay"));
+    r.drain(*other, "replay");
+    CHECK(r.rows() == "100");
+    CHECK(other->stats().duplicates_skipped == 100);
+    CHECK(other->stats().committed == 0);
+  }
+}
+
+TEST_CASE("PostgreSQL resolves one key of two messages as on_duplicate says", "[sink][postgres]") {
+  rig r;
+  auto c = r.config();
+  c.strategy = sink::key_strategy::message_id;
+  const std::string mode = GENERATE("skip", "replace", "fail");
+  c.on_duplicate = mode == "skip"      ? sink::duplicate_mode::skip
+                   : mode == "replace" ? sink::duplicate_mode::replace
+                                       : sink::duplicate_mode::fail;
+  c.max_failures = 1;
+  auto s = r.make(c);
+  r.publish("news.eu", R"({"v":"first"})", "alice", "k1");
+  r.drain(*s);
+  r.publish("news.eu", R"({"v":"second"})", "bob", "k1");
+  r.drain(*s);
+  CHECK(r.rows() == "1");
+  const auto body = pg_value(r.pg.dsn(), "SELECT body->>'v' FROM events WHERE key = 'k1'");
+  CHECK(body == (mode == "replace" ? "second" : "first"));
+  const auto dlq = r.t->stream_info_of("AMP_DLQ_demo").value().state.messages;
+  CHECK(dlq == (mode == "fail" ? 1U : 0U));
+}
+
+TEST_CASE("a row PostgreSQL refuses is dead-lettered; the rest of its batch is committed",
+          "[sink][postgres]") {
+  rig r;
+  auto c = r.config();
+  c.max_failures = 2;
+  auto s = r.make(c);
+  r.publish("news.eu", R"({"n":1})");
+  // jsonb cannot hold U+0000 (SQLSTATE 22P05); SQLite and files could.
+  const auto refused = r.publish("news.eu", R"({"text":"nul\u0000here"})");
+  r.publish("news.eu", R"({"n":3})");
+  r.drain(*s);
+  CHECK(r.rows() == "2");
+  auto dead = r.t->get_message("AMP_DLQ_demo", 1);
+  REQUIRE(dead);
+  CHECK(dead->subject == "amp.demo.dlq.archive");
+  CHECK(find_header(dead->headers, "Amp-Dlq-Seq") == std::to_string(refused));
+  CHECK(find_header(dead->headers, "Amp-Dlq-Reason")->find("22P05") != std::string_view::npos);
+  CHECK(dead->data == r.t->get_message("AMP_TOPICS_demo", refused)->data);
+  CHECK(s->stats().dead_lettered == 1);
+}
+
+TEST_CASE(
+    "PostgreSQL stopped and restarted under load: nothing lost, nothing acknowledged "
+    "before its commit",
+    "[sink][postgres]") {
+  rig r;
+  std::mutex mutex;
+  std::vector<std::uint64_t> acked;
+  sink::sink_options o;
+  o.on_acked = [&](const std::vector<std::uint64_t>& seqs) {
+    std::lock_guard lock(mutex);
+    acked.insert(acked.end(), seqs.begin(), seqs.end());
+  };
+  auto s = r.make(r.config(), o);
+  std::thread runner([&] { s->run(); });
+
+  constexpr int k_events = 3000;
+  std::atomic<bool> published{false};
+  std::thread publisher([&] {
+    for (int i = 0; i < k_events; ++i) {
+      r.publish("load.test", fmt::format(R"({{"i":{}}})", i));
+      if (i % 100 == 0) std::this_thread::sleep_for(10ms);
+    }
+    published = true;
+  });
+
+  std::this_thread::sleep_for(150ms);
+  r.pg.stop();
+  // While it is down: the sink says so, and acknowledges nothing more.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (s->ready() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  CHECK_FALSE(s->ready());
+  std::size_t acked_when_down = 0;
+  {
+    std::lock_guard lock(mutex);
+    acked_when_down = acked.size();
+  }
+  std::this_thread::sleep_for(1s);
+  {
+    std::lock_guard lock(mutex);
+    CHECK(acked.size() == acked_when_down);
+  }
+  CHECK(s->stats().transient_failures > 0);
+  r.pg.restart();
+  publisher.join();
+  const auto drained = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < drained) {
+    auto info = r.t->consumer_info_of("AMP_TOPICS_demo", "archive").value();
+    if (published && info.num_pending == 0 && info.num_ack_pending == 0) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  s->stop();
+  runner.join();
+
+  CHECK(r.rows() == std::to_string(k_events));
+  CHECK(pg_value(r.pg.dsn(), "SELECT count(DISTINCT body->>'i') FROM events") ==
+        std::to_string(k_events));
+  // Every acknowledged message has its row.
+  std::set<std::uint64_t> stored;
+  for (const auto& row : pg_query(r.pg.dsn(), "SELECT seq FROM events")) {
+    stored.insert(std::stoull(row[0]));
+  }
+  std::lock_guard lock(mutex);
+  for (auto seq : acked) CHECK(stored.count(seq) == 1);
+  CHECK(std::set<std::uint64_t>(acked.begin(), acked.end()).size() >= k_events);
+  CHECK(s->ready());
+}
+
+TEST_CASE("ended tasks are written once each, as their final record", "[sink][postgres][tasks]") {
+  rig r;
+  auto jobs = job_queue::open(r.t, r.broker).value();
+  auto c = r.config();
+  c.kind = sink::source_kind::tasks;
+  c.topics.clear();
+  c.strategy = sink::key_strategy::message_id;
+  c.targets[0].table = "tasks";
+  const auto alice = participant_name::make("alice").value();
+  const auto worker = participant_name::make("worker").value();
+  const auto review = job_name::make("review").value();
+
+  auto done = jobs->submit({.job = review, .from = alice, .body = R"({"doc":1})"}).value();
+  auto failed = jobs->submit({.job = review, .from = alice, .body = R"({"doc":2})"}).value();
+  auto cancelled = jobs->submit({.job = review, .from = alice, .body = R"({"doc":3})"}).value();
+  auto running = jobs->submit({.job = review, .from = alice, .body = R"({"doc":4})"}).value();
+  REQUIRE(jobs->cancel(cancelled.task, {.who = alice}));
+  std::set<std::string> claimed;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (claimed.size() < 3 && std::chrono::steady_clock::now() < deadline) {
+    auto offers = jobs->fetch(review, 4, 500ms).value();
+    for (auto& o : offers) {
+      if (jobs->claim(o, worker)) claimed.insert(o.task.task);
+    }
+  }
+  REQUIRE(claimed.size() == 3);
+  REQUIRE(jobs->complete(done.task, worker, R"({"ok":true})"));
+  REQUIRE(jobs->fail(failed.task, worker, {.code = "bad", .message = "no"}, false, 0s));
+
+  auto s = r.make(c);
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (r.rows_of("tasks") < 3 && std::chrono::steady_clock::now() < until) s->step();
+  for (int i = 0; i < 5; ++i) s->step();  // anything more would come now
+
+  auto rows = pg_query(r.pg.dsn(),
+                       "SELECT key, msg_id, sender, type, body->>'state', topic, "
+                       "stream FROM tasks ORDER BY body->>'state'");
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0] == std::vector<std::string>{cancelled.task.str(), cancelled.task.str(), "alice",
+                                            "review", "cancelled", "<null>", "KV_AMP_TASK_STATE"});
+  CHECK(rows[1][0] == done.task.str());
+  CHECK(rows[1][4] == "completed");
+  CHECK(rows[2][0] == failed.task.str());
+  CHECK(rows[2][4] == "failed");
+  CHECK(pg_value(r.pg.dsn(), fmt::format("SELECT count(*) FROM tasks WHERE key = '{}'",
+                                         running.task.str())) == "0");
+}
