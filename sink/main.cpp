@@ -121,6 +121,9 @@ amp::result<options> parse(const std::vector<std::string>& args) {
       (flag == "--check" ? out.check : flag == "--version" ? out.version : out.help) = true;
       continue;
     }
+    if (flag != "--config" && flag != "--set" && flag != "--nats" && flag != "--http") {
+      return usage("unknown option \"" + flag + "\" (see --help)");
+    }
     auto v = value();
     if (!v) return v.error();
     if (flag == "--config") {
@@ -130,10 +133,8 @@ amp::result<options> parse(const std::vector<std::string>& args) {
       const auto eq = v->find('=');
       if (eq == std::string::npos) return usage("--set: must be KEY=VALUE, not \"" + *v + "\"");
       overrides.emplace_back(v->substr(0, eq), v->substr(eq + 1));
-    } else if (flag == "--nats" || flag == "--http") {
-      overrides.emplace_back(flag == "--nats" ? "nats.url" : "http", amp::json_quote(*v));
     } else {
-      return usage("unknown option \"" + flag + "\" (see --help)");
+      overrides.emplace_back(flag == "--nats" ? "nats.url" : "http", amp::json_quote(*v));
     }
   }
   if (out.help || out.version) return out;
