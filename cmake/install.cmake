@@ -1,5 +1,6 @@
 # Installs libamp and its headers and, when websocketpp was found, the client library
-# (libamp-client, amp/client.hpp) and the programs amp-server and amp, with a CMake package
+# (libamp-client, amp/client.hpp) and the programs amp-server and amp; with libpq and SQLite,
+# the sink library (libamp-sink, amp/sink/) and amp-sink, with a CMake package
 # (find_package(amp) gives amp::amp, and amp::client: the component `client`) and
 # pkg-config files (amp.pc, amp-client.pc). Included from the top-level CMakeLists.txt
 # when AMP_INSTALL is on.
@@ -15,6 +16,11 @@ if(TARGET amp-client)
   list(APPEND AMP_PACKAGE_LIBRARIES amp-client)
   set(AMP_PC_DESCRIPTION_amp-client "C++ client of the amp.v1 protocol over WebSocket")
 endif()
+if(TARGET amp-sink-lib)
+  list(APPEND AMP_PACKAGE_LIBRARIES amp-sink-lib)
+  set(AMP_PC_DESCRIPTION_amp-sink-lib "Commit-then-ack archives of AMP streams into PostgreSQL, SQLite and files")
+  set(AMP_PC_MODULE_amp-sink-lib amp-sink)  # the target's name is taken by the program
+endif()
 
 install(TARGETS ${AMP_PACKAGE_LIBRARIES} EXPORT amp-targets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -27,7 +33,7 @@ if(TARGET amp-client)
           FILES_MATCHING PATTERN "*.hpp")
 endif()
 # The programs (amp-cli is installed as `amp`).
-foreach(program IN ITEMS amp-server amp-cli)
+foreach(program IN ITEMS amp-server amp-cli amp-sink)
   if(TARGET ${program})
     install(TARGETS ${program} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   endif()
@@ -39,8 +45,14 @@ write_basic_package_version_file(${AMP_PACKAGE_BINARY_DIR}/amp-config-version.cm
 install(FILES ${AMP_PACKAGE_BINARY_DIR}/amp-config.cmake
               ${AMP_PACKAGE_BINARY_DIR}/amp-config-version.cmake
         DESTINATION ${AMP_CMAKE_INSTALL_DIR})
+# Each library's pkg-config module is named as the library, unless AMP_PC_MODULE_<library>
+# says otherwise.
 foreach(library IN LISTS AMP_PACKAGE_LIBRARIES)
-  install(FILES ${AMP_PACKAGE_BINARY_DIR}/${library}.pc DESTINATION ${AMP_PKGCONFIG_INSTALL_DIR})
+  if(NOT AMP_PC_MODULE_${library})
+    set(AMP_PC_MODULE_${library} ${library})
+  endif()
+  install(FILES ${AMP_PACKAGE_BINARY_DIR}/${AMP_PC_MODULE_${library}}.pc
+          DESTINATION ${AMP_PKGCONFIG_INSTALL_DIR})
 endforeach()
 
 # Writes amp-config.cmake and one pkg-config file per library. What a consumer must find
@@ -139,7 +151,7 @@ function(_amp_package_links library)
         message(FATAL_ERROR "cmake/install.cmake: ${library} links ${item}, which the package "
                             "does not install")
       endif()
-      set(pc_module "${item}")
+      set(pc_module "${AMP_PC_MODULE_${item}}")
     elseif(item MATCHES "^-" OR IS_ABSOLUTE "${item}")
       list(APPEND pc_libs_${scope} "${item}")
     else()
@@ -183,7 +195,7 @@ function(_amp_write_package_files)
 
   foreach(library IN LISTS AMP_PACKAGE_LIBRARIES)
     _amp_package_links(${library})
-    set(AMP_PC_NAME "${library}")
+    set(AMP_PC_NAME "${AMP_PC_MODULE_${library}}")
     set(AMP_PC_DESCRIPTION "${AMP_PC_DESCRIPTION_${library}}")
     get_target_property(AMP_PC_LIBNAME ${library} OUTPUT_NAME)
     if(NOT AMP_PC_LIBNAME)
@@ -202,7 +214,8 @@ function(_amp_write_package_files)
     set(AMP_PC_REQUIRES_PRIVATE "${pc_requires_private}")
     set(AMP_PC_LIBS "${pc_libs_public}")
     set(AMP_PC_LIBS_PRIVATE "${pc_libs_private}")
-    configure_file(${PROJECT_SOURCE_DIR}/cmake/amp.pc.in ${AMP_PACKAGE_BINARY_DIR}/${library}.pc @ONLY)
+    configure_file(${PROJECT_SOURCE_DIR}/cmake/amp.pc.in
+                   ${AMP_PACKAGE_BINARY_DIR}/${AMP_PC_NAME}.pc @ONLY)
   endforeach()
 
   set(AMP_FIND_DEPENDENCIES "${amp_find_lines}")

@@ -1,13 +1,15 @@
-// The PostgreSQL target (libpq): one transaction per batch. The keys of the batch that are
-// stored already are read first (one SELECT), the new rows (and with `replace` the others'
-// replacements) go in one multi-row INSERT … ON CONFLICT. A row PostgreSQL refuses (a
-// body jsonb cannot hold, such as "\u0000") fails the statement: the batch is then written
-// again row by row under savepoints, so only the refused rows stay out.
+// The PostgreSQL target (libpq): one transaction per batch. The rows go in one multi-row
+// INSERT … ON CONFLICT DO NOTHING RETURNING key; only the keys it did not write (stored
+// already) are read back (their stream and seq) and resolved as the duplicate mode says
+// (`replace`: one more INSERT … ON CONFLICT DO UPDATE). A row PostgreSQL refuses (a body
+// jsonb cannot hold, such as "\u0000") fails the statement: the batch is then written again
+// row by row under savepoints, so only the refused rows stay out.
 
 #include <fmt/format.h>
 #include <libpq-fe.h>
 
 #include <map>
+#include <set>
 #include <utility>
 
 #include "sink/targets.hpp"
@@ -125,38 +127,25 @@ class postgres_target final : public target {
   }
 
  private:
+  // One transaction: the rows inserted where their keys are new (one statement, or one per
+  // row under a savepoint to find a refused one), then, only for keys that were stored
+  // already, their stored origin read and `mode` applied.
   result<batch_result> write_batch(std::span<const row> rows, duplicate_mode mode,
                                    bool one_by_one) {
     batch_result out;
     out.outcomes.assign(rows.size(), row_outcome::written);
     out.reasons.resize(rows.size());
     if (auto r = run("BEGIN", {}); !r) return abandon(r.error());
-    auto stored = stored_origins(rows);
-    if (!stored) return abandon(stored.error());
-    std::vector<std::size_t> to_write;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      auto it = stored->find(rows[i].key);
-      if (it == stored->end()) {
-        to_write.push_back(i);
-      } else if (it->second.first == rows[i].stream && it->second.second == rows[i].seq) {
-        out.outcomes[i] = row_outcome::same;
-      } else if (mode == duplicate_mode::skip) {
-        out.outcomes[i] = row_outcome::skipped;
-      } else if (mode == duplicate_mode::fail) {
-        out.outcomes[i] = row_outcome::duplicate;
-      } else {
-        out.outcomes[i] = row_outcome::replaced;
-        to_write.push_back(i);
-      }
-    }
+    std::vector<std::size_t> all(rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) all[i] = i;
+    std::set<std::string, std::less<>> inserted;
     if (!one_by_one) {
-      if (!to_write.empty()) {
-        if (auto r = insert(rows, to_write, mode); !r) return abandon(r.error());
-      }
+      auto r = insert(rows, all, false, inserted);
+      if (!r) return abandon(r.error());
     } else {
-      for (auto i : to_write) {
+      for (auto i : all) {
         if (auto r = run("SAVEPOINT amp_row", {}); !r) return abandon(r.error());
-        auto r = insert(rows, {&i, 1}, mode);
+        auto r = insert(rows, {&i, 1}, false, inserted);
         if (r) {
           if (auto s = run("RELEASE SAVEPOINT amp_row", {}); !s) return abandon(s.error());
           continue;
@@ -167,19 +156,47 @@ class postgres_target final : public target {
         out.reasons[i] = r.error().message();
       }
     }
+    std::vector<std::size_t> stored_before;
+    for (auto i : all) {
+      if (out.outcomes[i] == row_outcome::written && !inserted.contains(rows[i].key)) {
+        stored_before.push_back(i);
+      }
+    }
+    if (!stored_before.empty()) {
+      auto stored = stored_origins(rows, stored_before);
+      if (!stored) return abandon(stored.error());
+      std::vector<std::size_t> to_replace;
+      for (auto i : stored_before) {
+        auto it = stored->find(rows[i].key);
+        if (it != stored->end() && it->second.first == rows[i].stream &&
+            it->second.second == rows[i].seq) {
+          out.outcomes[i] = row_outcome::same;
+        } else if (mode == duplicate_mode::skip) {
+          out.outcomes[i] = row_outcome::skipped;
+        } else if (mode == duplicate_mode::fail) {
+          out.outcomes[i] = row_outcome::duplicate;
+        } else {
+          out.outcomes[i] = row_outcome::replaced;
+          to_replace.push_back(i);
+        }
+      }
+      if (!to_replace.empty()) {
+        if (auto r = insert(rows, to_replace, true, inserted); !r) return abandon(r.error());
+      }
+    }
     if (auto r = run("COMMIT", {}); !r) return abandon(r.error());
     return out;
   }
 
   // The stream and seq stored under each key of `rows` that is stored.
   result<std::map<std::string, std::pair<std::string, std::uint64_t>, std::less<>>> stored_origins(
-      std::span<const row> rows) {
+      std::span<const row> rows, std::span<const std::size_t> which) {
     std::string sql =
         fmt::format("SELECT key, stream, seq FROM \"{}\" WHERE key IN (", config_.table);
     std::vector<std::string_view> keys;
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      sql += fmt::format("{}${}", i == 0 ? "" : ",", i + 1);
-      keys.push_back(rows[i].key);
+    for (std::size_t w = 0; w < which.size(); ++w) {
+      sql += fmt::format("{}${}", w == 0 ? "" : ",", w + 1);
+      keys.push_back(rows[which[w]].key);
     }
     sql += ")";
     auto r = run(sql, keys);
@@ -192,10 +209,10 @@ class postgres_target final : public target {
     return out;
   }
 
-  // With `replace` a stored key is overwritten; otherwise (a key stored since the SELECT, by
-  // someone else) it is left as it is.
-  result<void> insert(std::span<const row> rows, std::span<const std::size_t> which,
-                      duplicate_mode mode) {
+  // Inserts the rows `which`: where a key is stored already, `replace` overwrites it and
+  // otherwise it is left as it is. Adds the keys written to `written`.
+  result<void> insert(std::span<const row> rows, std::span<const std::size_t> which, bool replace,
+                      std::set<std::string, std::less<>>& written) {
     std::string sql = fmt::format("INSERT INTO \"{}\" ({}, committed_at) VALUES ", config_.table,
                                   fmt::join(k_columns, ", "));
     std::vector<std::string> seqs;
@@ -215,14 +232,16 @@ class postgres_target final : public target {
                      r.type.empty() ? nullptr : r.type.c_str(), r.ts.c_str(), r.body.c_str(),
                      r.headers.c_str()});
     }
-    sql += mode != duplicate_mode::replace
-               ? " ON CONFLICT (key) DO NOTHING"
+    sql += !replace
+               ? " ON CONFLICT (key) DO NOTHING RETURNING key"
                : " ON CONFLICT (key) DO UPDATE SET stream = EXCLUDED.stream, seq = EXCLUDED.seq, "
                  "subject = EXCLUDED.subject, topic = EXCLUDED.topic, msg_id = EXCLUDED.msg_id, "
                  "sender = EXCLUDED.sender, type = EXCLUDED.type, ts = EXCLUDED.ts, body = "
-                 "EXCLUDED.body, headers = EXCLUDED.headers, committed_at = EXCLUDED.committed_at";
+                 "EXCLUDED.body, headers = EXCLUDED.headers, committed_at = EXCLUDED.committed_at "
+                 "RETURNING key";
     auto r = exec(sql, values);
     if (!r) return r.error();
+    for (int i = 0; i < PQntuples(r->get()); ++i) written.emplace(PQgetvalue(r->get(), i, 0));
     return {};
   }
 

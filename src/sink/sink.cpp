@@ -6,10 +6,12 @@
 #include <condition_variable>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "amp/json.hpp"
 #include "amp/subjects.hpp"
+#include "detail/write_batch.hpp"
 #include "sink/rows.hpp"
 
 namespace amp::sink {
@@ -190,19 +192,81 @@ struct sink::impl {
     return {};
   }
 
-  // Waits up to `idle_wait` for a first message, then fills the batch for up to
-  // `max_wait` or `max_messages`.
+  // The next batch's first messages, asked for while the current batch is written (one
+  // pull request in flight at a time).
+  struct prefetch_state {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+    bool abandoned = false;  // the sink went: what comes is given back
+    result<std::vector<message>> got{std::vector<message>{}};
+  };
+  std::shared_ptr<prefetch_state> prefetch;
+
+  void start_prefetch() {
+    if (prefetch || stopping.load()) return;
+    auto p = std::make_shared<prefetch_state>();
+    prefetch = p;
+    backend->async_fetch(stream, config.name,
+                         {.batch = config.max_messages, .max_wait = options.idle_wait},
+                         [p, t = backend](result<std::vector<message>> r) {
+                           std::lock_guard lock(p->mutex);
+                           if (p->abandoned) {
+                             if (r) give_back(*t, *r);
+                             return;
+                           }
+                           p->got = std::move(r);
+                           p->done = true;
+                           p->cv.notify_all();
+                         });
+  }
+
+  result<std::vector<message>> take_prefetch() {
+    auto p = std::move(prefetch);
+    std::unique_lock lock(p->mutex);
+    p->cv.wait(lock, [&] { return p->done; });
+    return std::move(p->got);
+  }
+
+  static void give_back(transport& t, const std::vector<message>& messages) {
+    for (const auto& m : messages) t.acknowledge(m, ack_kind::nak);
+  }
+
+  // What a prefetch brought or will bring that will not be written (the sink stops or
+  // goes): given back for prompt redelivery, without waiting for it.
+  void give_back_prefetch() {
+    if (!prefetch) return;
+    auto p = std::move(prefetch);
+    std::lock_guard lock(p->mutex);
+    if (!p->done) {
+      p->abandoned = true;
+      return;
+    }
+    if (p->got) give_back(*backend, *p->got);
+  }
+
+  // Waits up to `idle_wait` for a first message (or takes what the prefetch brought), then
+  // fills the batch up to `max_messages` until `max_wait` after the first message was stored:
+  // an event waits for its batch at most that long, and a backlog does not wait at all.
   result<std::vector<message>> fetch_batch() {
-    auto first = backend->fetch(stream, config.name,
-                                {.batch = config.max_messages, .max_wait = options.idle_wait});
+    std::optional<result<std::vector<message>>> prefetched;
+    if (prefetch) prefetched = take_prefetch();
+    // A prefetch that ran out empty (or failed) is followed by a fetch of our own.
+    auto first =
+        prefetched && *prefetched && !(*prefetched)->empty()
+            ? std::move(*prefetched)
+            : backend->fetch(stream, config.name,
+                             {.batch = config.max_messages, .max_wait = options.idle_wait});
     if (!first || first->empty()) return first;
     auto batch = std::move(*first);
-    const auto deadline = backend->clock()->now() + config.max_wait;
+    const auto now = backend->clock()->now();
+    // The backend's storage time, unless its clock runs ahead of ours.
+    const auto deadline = std::min(batch.front().time, now) + config.max_wait;
     while (batch.size() < config.max_messages && !stopping.load()) {
       const auto left = deadline - backend->clock()->now();
-      if (left <= duration::zero()) break;
       auto more = backend->fetch(stream, config.name,
-                                 {.batch = config.max_messages - batch.size(), .max_wait = left});
+                                 {.batch = config.max_messages - batch.size(),
+                                  .max_wait = std::max(left, duration::zero())});
       if (!more || more->empty()) break;
       std::move(more->begin(), more->end(), std::back_inserter(batch));
     }
@@ -216,8 +280,15 @@ struct sink::impl {
                        : std::min(next_backoff * 2, options.backoff_max);
     count([](sink_stats& s) { ++s.transient_failures; });
     log("warn", event, detail);
-    // Kept in hand: AckWait starts over, so the batch is not redelivered meanwhile.
+    // Kept in hand: AckWait starts over, so the batch is not redelivered meanwhile; so is
+    // what the prefetch brought.
     for (const auto& m : held) backend->acknowledge(m, ack_kind::in_progress);
+    if (prefetch) {
+      std::lock_guard lock(prefetch->mutex);
+      if (prefetch->done && prefetch->got) {
+        for (const auto& m : *prefetch->got) backend->acknowledge(m, ack_kind::in_progress);
+      }
+    }
     return step_result::transient;
   }
 
@@ -237,6 +308,7 @@ struct sink::impl {
                          fmt::format("\"error\":{}", json_quote(batch.error().message())));
       }
       held = std::move(*batch);
+      if (!held.empty()) start_prefetch();
       refresh_lag();
       if (held.empty()) {
         // Idle is ready too, once the targets open.
@@ -278,9 +350,15 @@ struct sink::impl {
     std::vector<row> rows;
     std::vector<std::size_t> owner;  // per row: the entry it came from
     std::unordered_map<std::string, std::size_t> by_key;
+    std::unordered_set<std::uint64_t> seqs;
     for (std::size_t i = 0; i < held.size(); ++i) {
       auto& e = entries[i];
       e.m = &held[i];
+      // The same message twice (a redelivery met its earlier delivery): one row, both acked.
+      if (!seqs.insert(held[i].seq).second) {
+        e.what = fate::folded;
+        continue;
+      }
       auto mapped = detail::map_message(rules, held[i]);
       if (mapped.what == detail::mapped::kind::pass_over) continue;
       if (mapped.what == detail::mapped::kind::unwritable) {
@@ -360,8 +438,8 @@ struct sink::impl {
         }
       }
     }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const auto committed_at = std::chrono::steady_clock::now();
+    const double seconds = std::chrono::duration<double>(committed_at - started).count();
     write_optional(rows, refused);
 
     for (auto& e : entries) {
@@ -393,17 +471,25 @@ struct sink::impl {
     held.clear();
     next_backoff = duration::zero();
     is_ready = !rows.empty() || open_required();
-    if (options.on_acked && !acked.empty()) options.on_acked(acked);
+    if (options.on_acked && !acked.empty()) {
+      options.on_acked({.seqs = std::move(acked),
+                        .committed = committed_at,
+                        .acked = std::chrono::steady_clock::now()});
+    }
     return step_result::committed;
   }
 
   void write_optional(const std::vector<row>& rows, const std::vector<std::string>& refused) {
+    const auto now = backend->clock()->now();
+    if (std::none_of(targets.begin(), targets.end(),
+                     [&](const slot& s) { return !s.required && now >= s.retry_at; })) {
+      return;
+    }
     std::vector<row> side;
     for (std::size_t r = 0; r < rows.size(); ++r) {
       if (refused[r].empty()) side.push_back(rows[r]);
     }
     if (side.empty()) return;
-    const auto now = backend->clock()->now();
     for (auto& s : targets) {
       if (s.required || now < s.retry_at) continue;
       auto written = s.t->write(side, config.on_duplicate);
@@ -449,18 +535,29 @@ struct sink::impl {
     }
     std::vector<std::uint64_t> acked;
     if (to_ack.empty()) return acked;
-    latch all(to_ack.size());
-    std::mutex mutex;
-    for (const auto* m : to_ack) {
-      backend->async_acknowledge(*m, ack_kind::ack, duration::zero(), [&, m](result<void> r) {
-        if (r) {
-          std::lock_guard lock(mutex);
-          acked.push_back(m->seq);
-        }
-        all.done();
-      });
+    // One confirmed acknowledgement for the batch: the others go first, unconfirmed, on the
+    // same connection, and JetStream handles a connection's acknowledgements in the order
+    // sent, so the last one's confirmation says every one before it was taken too.
+    latch last(1);
+    bool confirmed = false;
+    {
+      amp::detail::write_batch one_write;  // every acknowledgement in one write
+      for (std::size_t i = 0; i + 1 < to_ack.size(); ++i) {
+        backend->acknowledge(*to_ack[i], ack_kind::ack);
+      }
+      backend->async_acknowledge(
+          *to_ack.back(), ack_kind::ack, duration::zero(), [&](result<void> r) {
+            confirmed = r.has_value();
+            if (!r) {
+              log("warn", "ack_failed",
+                  fmt::format("\"error\":{}", json_quote(r.error().message())));
+            }
+            last.done();
+          });
     }
-    all.wait();
+    last.wait();
+    if (!confirmed) return acked;
+    for (const auto* m : to_ack) acked.push_back(m->seq);
     std::sort(acked.begin(), acked.end());
     return acked;
   }
@@ -520,7 +617,9 @@ result<std::unique_ptr<sink>> sink::create(std::shared_ptr<transport> backend, s
 }
 
 sink::sink(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
-sink::~sink() = default;
+sink::~sink() {
+  impl_->give_back_prefetch();
+}
 
 step_result sink::step() {
   return impl_->step();
@@ -536,6 +635,7 @@ void sink::run() {
       }
     }
   }
+  impl_->give_back_prefetch();
 }
 
 void sink::stop() noexcept {

@@ -20,7 +20,7 @@ export AMP_POLICY_RC_D=${work}/policy-rc.d
 
 base_packages=(g++ cmake ninja-build pkg-config git clang-format shellcheck libnats-dev
   libasio-dev libsimdjson-dev libvalijson-dev libssl-dev libfmt-dev libwebsocketpp-dev
-  catch2 nats-server clang-14 libclang-rt-14-dev)
+  catch2 nats-server clang-14 libclang-rt-14-dev libpq-dev libsqlite3-dev postgresql)
 
 # Runs scripts/install-deps with ARGS on the simulated machine (see run_capture), with
 # every signal at its default disposition, as from a terminal (a shell cannot trap a
@@ -51,7 +51,11 @@ test_installs_what_is_missing_and_exits_0() {
   expect_contains "${log}" "policy-rc.d nats-server.service: 101" \
     "nats-server's service was kept from starting during the install"
   expect_contains "${log}" "policy-rc.d redis-server: 101" "so was redis-server's (invoke-rc.d's name)"
-  expect_contains "${log}" "policy-rc.d postgresql.service: 0" "another package's service starts as usual"
+  expect_contains "${log}" "policy-rc.d postgresql.service: 101" "so was postgresql's"
+  expect_contains "${log}" "policy-rc.d postgresql@15-main.service: 101" "and its cluster's instance"
+  expect_contains "${log}" "policy-rc.d cron.service: 0" "another package's service starts as usual"
+  expect_contains "${log}" "systemctl disable --quiet postgresql.service" \
+    "Debian's postgresql service is disabled"
   expect_contains "${log}" "DEBIAN_FRONTEND: noninteractive" "the install asks no questions"
   expect_contains "${log}" "systemctl disable --quiet nats-server.service" \
     "Debian's nats-server service is disabled"
@@ -159,7 +163,7 @@ test_replaces_its_own_policy_left_by_a_killed_run() {
   install_deps
   expect_rc 0 "${last_rc}" "install-deps with a policy-rc.d of its own left behind"
   expect_contains "${last_out}" "replacing ${AMP_POLICY_RC_D} left by an interrupted run" "it says so"
-  expect_contains "$(<"${log_file}")" "policy-rc.d postgresql.service: 0" \
+  expect_contains "$(<"${log_file}")" "policy-rc.d cron.service: 0" \
     "its policy, not the stale one, was in force"
   if [[ -e ${AMP_POLICY_RC_D} ]]; then fail "the stale policy-rc.d is still there"; fi
 }

@@ -136,7 +136,7 @@ TEST_CASE("PostgreSQL resolves one key of two messages as on_duplicate says", "[
   CHECK(dlq == (mode == "fail" ? 1U : 0U));
 }
 
-TEST_CASE("a row PostgreSQL refuses is dead-lettered; the rest of its batch is committed",
+TEST_CASE("a row PostgreSQL refuses is dead-lettered: the rest of its batch is committed",
           "[sink][postgres]") {
   rig r;
   auto c = r.config();
@@ -165,9 +165,9 @@ TEST_CASE(
   std::mutex mutex;
   std::vector<std::uint64_t> acked;
   sink::sink_options o;
-  o.on_acked = [&](const std::vector<std::uint64_t>& seqs) {
+  o.on_acked = [&](const sink::acked_batch& batch) {
     std::lock_guard lock(mutex);
-    acked.insert(acked.end(), seqs.begin(), seqs.end());
+    acked.insert(acked.end(), batch.seqs.begin(), batch.seqs.end());
   };
   auto s = r.make(r.config(), o);
   std::thread runner([&] { s->run(); });

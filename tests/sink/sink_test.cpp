@@ -219,7 +219,7 @@ TEST_CASE("on_duplicate decides between two messages with one key", "[sink]") {
 
 TEST_CASE(
     "a message that can never be written is dead-lettered after max_failures tries, "
-    "then acknowledged; the rest of its batch is committed",
+    "then acknowledged: the rest of its batch is committed",
     "[sink]") {
   rig r;
   auto c = r.config();
@@ -259,7 +259,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "several topic patterns share one consumer on their narrowest filter; what none "
+    "several topic patterns share one consumer on their narrowest filter: what none "
     "matches is acknowledged without a row",
     "[sink]") {
   rig r;
@@ -289,7 +289,7 @@ TEST_CASE(
 
 TEST_CASE(
     "while a required target is away nothing is acknowledged and the sink is not "
-    "ready; the batch is committed once it is back",
+    "ready: the batch is committed once it is back",
     "[sink]") {
   rig r;
   auto flaky = std::make_unique<switchable_target>(sqlite_target(r.db));

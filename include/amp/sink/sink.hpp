@@ -83,15 +83,21 @@ struct sink_stats {
   histogram commit_seconds{};            ///< per batch: from the first write to the last commit
 };
 
+/// A batch whose acknowledgement was confirmed (for measurements).
+struct acked_batch {
+  std::vector<std::uint64_t> seqs;                  ///< stream sequences acknowledged, ascending
+  std::chrono::steady_clock::time_point committed;  ///< the last required target committed
+  std::chrono::steady_clock::time_point acked;      ///< the acknowledgement was confirmed
+};
+
 /// Hooks and pacing.
 struct sink_options {
   /// One line of log: level ("info", "warn", "error"), event, detail (JSON members
   /// without braces, e.g. `"target":"…","error":"…"`). Called from the sink's thread.
   std::function<void(std::string_view level, std::string_view event, std::string_view detail)>
       log{};
-  /// Called after each batch's acknowledgements were confirmed, with the acknowledged
-  /// messages' stream sequences (for measurements).
-  std::function<void(const std::vector<std::uint64_t>& seqs)> on_acked{};
+  /// Called on the sink's thread after each batch's acknowledgements were confirmed.
+  std::function<void(const acked_batch&)> on_acked{};
   /// Pause after a transient failure: doubles from `backoff_min` to `backoff_max`.
   duration backoff_min = std::chrono::milliseconds(100);
   duration backoff_max = std::chrono::seconds(5);
