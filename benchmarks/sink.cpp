@@ -338,7 +338,9 @@ struct bench_rig {
   // once: what JetStream itself allows a sink at that batch size.
   double raw_drain_rate(const std::string& ns, int n, std::size_t batch) {
     const auto stream = "AMP_TOPICS_" + ns;
-    check(t->ensure_consumer({.stream = stream, .durable = "raw", .ack_wait = 30s}).has_value(),
+    check(t->ensure_consumer(
+               {.stream = stream, .durable = "raw", .ack_wait = 30s, .max_ack_pending = 20000})
+              .has_value(),
           "raw consumer");
     natsConnection* nc = nullptr;
     jsCtx* js = nullptr;
@@ -503,8 +505,15 @@ int main(int argc, char** argv) {
   try {
     bench_rig rig;
     std::map<std::string, std::map<std::size_t, pair_result>> results;
+    std::vector<double> ceiling;
     int table_no = 0;
     for (int run = 1; run <= o.runs; ++run) {
+      {
+        // JetStream's own drain rate with large pulls: the most any consumer could take.
+        auto [ns, events] = rig.namespace_with(o.events);
+        ceiling.push_back(rig.raw_drain_rate(ns, o.events, 4096));
+        std::printf("run %d raw cnats drain, fetch 4096: %8.0f msgs/s\n", run, ceiling.back());
+      }
       for (const auto& kind : o.targets) {
         for (const int b : o.batches) {
           const auto batch = static_cast<std::size_t>(b);
@@ -553,10 +562,11 @@ int main(int argc, char** argv) {
     }
     const auto json = fmt::format(
         R"({{"benchmark":"amp-bench-sink","written":"{}","quick":{},"runs":{},"events":{},)"
+        R"("raw_drain_ceiling_msgs_per_s":{},)"
         R"("machine":{},"targets":{{{}}},"lag":{{"offered_per_s":{},"achieved_per_s":{},)"
         R"("events":{},"committed_to_acked":{{"p50_ms":{},"p99_ms":{},"max_ms":{}}},)"
         R"("stored_to_acked":{{"p50_ms":{},"p99_ms":{},"max_ms":{}}}}}}})",
-        amp::bench::now_utc(), o.quick ? "true" : "false", o.runs, o.events,
+        amp::bench::now_utc(), o.quick ? "true" : "false", o.runs, o.events, summary_json(ceiling),
         amp::bench::machine_json(loadavg_before), targets, o.rate,
         amp::bench::json_number(lag.achieved, 0), lag.events,
         amp::bench::json_number(lag.committed_p50, 2),

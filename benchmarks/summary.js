@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Reads the per-round result files that scripts/bench wrote (benchmarks/results/raw/), and
 // writes the summary: benchmarks/results/summary.json (every figure as min / median / max
-// over the rounds, the ratios and the targets of issues 6 and 14), a table on stdout, and, when
+// over the rounds, the ratios and the targets of issues 6, 14, 16 and 18), a table on stdout, and, when
 // gnuplot is there, benchmarks/results/summary.png.
 //
 //   node benchmarks/summary.js [--raw DIR] [--out DIR] [--no-plot]
@@ -121,6 +121,33 @@ const extract = {
     }
     return out;
   },
+  // amp-bench-sink: per target and batch, the sink's rows/s, the plain client's, the raw
+  // cnats drain's, and the ratios taken within the run; the lag at 5,000 events/s.
+  sink(j) {
+    const out = {};
+    if (j.raw_drain_ceiling_msgs_per_s) out['sink.raw_drain_ceiling_msgs_per_s'] = med(j.raw_drain_ceiling_msgs_per_s);
+    for (const [target, batches] of Object.entries(j.targets || {})) {
+      for (const [batch, v] of Object.entries(batches)) {
+        const at = `sink.${target}.batch${batch}`;
+        out[`${at}.rows_per_s`] = med(v.sink_rows_per_s);
+        out[`${at}.baseline_rows_per_s`] = med(v.baseline_rows_per_s);
+        out[`${at}.vs_baseline`] = med(v.ratio);
+        out[`${at}.raw_drain_msgs_per_s`] = med(v.raw_drain_msgs_per_s);
+        out[`${at}.vs_raw_drain`] = med(v.sink_vs_raw_drain);
+      }
+    }
+    if (j.lag) {
+      out['sink.lag.offered_per_s'] = j.lag.offered_per_s;
+      out['sink.lag.achieved_per_s'] = j.lag.achieved_per_s;
+      for (const k of ['committed_to_acked', 'stored_to_acked']) {
+        for (const p of ['p50_ms', 'p99_ms', 'max_ms']) {
+          const v = j.lag[k] && j.lag[k][p];
+          if (typeof v === 'number') out[`sink.lag.${k}.${p}`] = v;
+        }
+      }
+    }
+    return out;
+  },
   peer(prefix, j) {
     const out = {};
     for (const [k, v] of Object.entries(j.figures)) out[`${prefix}.${k}`] = v.median;
@@ -142,6 +169,7 @@ const programs = {
   'sessions-jetstream': (j) => extract.sessions('server.jetstream.idle', j),
   'sessions-memory': (j) => extract.sessions('server.memory.idle', j),
   cluster: (j) => extract.cluster(j),
+  sink: (j) => extract.sink(j),
   'peer-bullmq': (j) => extract.peer('bullmq', j),
   'peer-natsjs': (j) => extract.peer('natsjs', j),
 };
@@ -197,7 +225,11 @@ const targets = [
 ].map((t) => [...t, 14])).concat([
   ['failover: nothing lost (SIGKILL of a NATS node and of an amp-server)', 'cluster.failover.lost', (v) => v === 0],
   ['failover: no task completed twice', 'cluster.failover.completed_twice', (v) => v === 0],
-].map((t) => [...t, 16]));
+].map((t) => [...t, 16])).concat([
+  ['sink into PostgreSQL >= 0.7x a plain client (batch 256)', 'sink.postgres.batch256.vs_baseline', (v) => v >= 0.7],
+  ['sink into SQLite >= 0.7x a plain client (batch 256)', 'sink.sqlite.batch256.vs_baseline', (v) => v >= 0.7],
+  ['sink committed-to-acked p99 <= 100 ms at 5,000 events/s (PostgreSQL)', 'sink.lag.committed_to_acked.p99_ms', (v) => v <= 100],
+].map((t) => [...t, 18]));
 
 // ----- summarising ------------------------------------------------------------------------
 
@@ -326,9 +358,24 @@ for (const n of [1, 2, 3]) {
 for (const k of ['node_gap_s', 'server_gap_s', 'submitted', 'completed_once', 'completed_twice', 'failed', 'lost']) {
   row(`failover: ${k}`, `cluster.failover.${k}`);
 }
+section('sink (amp-bench-sink): rows/s, and ratios within each run');
+for (const target of ['postgres', 'sqlite']) {
+  for (const b of [1, 16, 256]) {
+    const at = `sink.${target}.batch${b}`;
+    row(`sink into ${target}, batch ${b}: rows/s`, `${at}.rows_per_s`);
+    row(`plain client into ${target}, batch ${b}: rows/s`, `${at}.baseline_rows_per_s`);
+    row(`sink / plain client (${target}, batch ${b})`, `${at}.vs_baseline`);
+    row(`raw cnats drain, fetch ${b}: msgs/s`, `${at}.raw_drain_msgs_per_s`);
+    row(`sink / raw cnats drain (${target}, batch ${b})`, `${at}.vs_raw_drain`);
+  }
+}
+row('raw cnats drain, fetch 4096 (JetStream\'s own ceiling): msgs/s', 'sink.raw_drain_ceiling_msgs_per_s');
+for (const k of ['committed_to_acked', 'stored_to_acked']) {
+  for (const p of ['p50_ms', 'p99_ms', 'max_ms']) row(`sink lag at 5,000 events/s, ${k.replace(/_/g, '-')} ${p}`, `sink.lag.${k}.${p}`);
+}
 section('ratios');
 for (const [key, label] of ratios) row(label, key);
-for (const issue of [6, 14, 16]) {
+for (const issue of [6, 14, 16, 18]) {
   section(`targets (issue ${issue})`);
   for (const t of targetResults.filter((x) => x.issue === issue)) {
     const verdict = t.met === null ? 'not measured' : t.met ? 'met' : 'MISSED';

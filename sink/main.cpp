@@ -44,7 +44,9 @@ Options:
   --http HOST:PORT   the same as --set http="HOST:PORT"
   --check            check the configuration, open every target (connect, create the
                      table or folder) and look for the source stream; print one line
-                     each, consume nothing, exit 0 when all is well, 1 otherwise
+                     each ("wait source" when the stream is not there yet: the
+                     namespace was never used), consume nothing; exit 0 when every
+                     target opened, 1 otherwise
   --help             print this text and exit
   --version          print the version and exit
 

@@ -715,6 +715,13 @@ result<std::vector<std::string>> check_sink(const sink_config& config,
     const auto rules = detail::source_rules::of(config);
     const auto stream = detail::source_stream(rules);
     auto info = backend->stream_info_of(stream);
+    if (!info && info.error().code() == errc::not_found) {
+      lines.push_back(
+          fmt::format("wait source {} filter {}: not there yet (made when the "
+                      "namespace is first used); the sink waits for it",
+                      stream, detail::source_filter(rules)));
+      return lines;
+    }
     if (!info) {
       return unexpected(info.error().code(),
                         fmt::format("source {}: {}", stream, info.error().message()));

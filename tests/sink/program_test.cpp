@@ -182,6 +182,14 @@ TEST_CASE("amp-sink --check opens every target and looks for the source, consumi
   CHECK(std::filesystem::exists(r.dir.path() / "archive.db"));
   CHECK_FALSE(r.t->consumer_info_of("AMP_TOPICS_demo", "archive"));
 
+  // A namespace never used has no stream yet: the sink would wait for it.
+  auto fresh = r.config(r.sqlite_target());
+  fresh.replace(fresh.find(R"("ns":"demo")"), 11, R"("ns":"fresh")");
+  auto waits = run_sink(r.dir, {"--config", r.dir.write("fresh.json", fresh).string(), "--check"});
+  CHECK(waits.status == 0);
+  CHECK(waits.out.find("wait source AMP_TOPICS_fresh filter amp.fresh.topic.>: not there yet") !=
+        std::string::npos);
+
   const auto bad =
       r.dir.write("bad.json", r.config(R"({"kind":"postgres","dsn":"host=127.0.0.1 port=1 dbname=x",
         "table":"events"})"));

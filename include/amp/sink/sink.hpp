@@ -164,9 +164,11 @@ class sink {
 std::string metrics_text(const sink_stats& stats, std::string_view name, bool ready);
 
 /// `amp-sink --check`: checks `config` and opens every target (connects, creates what is
-/// missing) without consuming; with `backend`, also that the source stream exists. Returns
-/// one line per target and the source ("ok sqlite archive.db:events"); an error names the
-/// first that failed.
+/// missing) without consuming; with `backend`, also looks for the source stream. Returns
+/// one line per target and one for the source ("ok sqlite archive.db:events", "ok source
+/// AMP_TOPICS_demo filter amp.demo.topic.> (12 messages)", or "wait source …" when the
+/// stream is not there yet, which a running sink waits for); an error names the first
+/// target that failed, or the backend's error.
 result<std::vector<std::string>> check_sink(const sink_config& config,
                                             std::shared_ptr<transport> backend);
 
