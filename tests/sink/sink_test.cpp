@@ -431,3 +431,47 @@ TEST_CASE("the sink refuses a bad configuration before touching the backend", "[
   CHECK(s.error().code() == errc::bad_request);
   CHECK(r.t->consumer_names("AMP_TOPICS_demo").value().empty());
 }
+
+TEST_CASE("from says where a new consumer starts, and counts only when it is first made",
+          "[sink]") {
+  rig r;
+  r.publish("news.eu", "1");
+  const auto second = r.publish("news.eu", "2");
+  r.publish("news.eu", "3");
+  auto c = r.config();
+  SECTION("new: only what comes after") {
+    c.from = {.from = sink::start_position::kind::new_messages};
+    auto s = r.make(c);
+    const auto later = r.publish("news.eu", "4");
+    REQUIRE(r.step(*s) == sink::step_result::committed);
+    auto rows = sqlite_rows(r.db, "events");
+    REQUIRE(rows.size() == 1);
+    CHECK(rows.begin()->second.at("seq") == std::to_string(later));
+  }
+  SECTION("a sequence: from that event on") {
+    c.from = {.from = sink::start_position::kind::sequence, .seq = second};
+    auto s = r.make(c);
+    REQUIRE(r.step(*s) == sink::step_result::committed);
+    CHECK(sqlite_rows(r.db, "events").size() == 2);
+    SECTION("and a restart with another from goes on where it was") {
+      s.reset();
+      c.from = {.from = sink::start_position::kind::all};
+      auto again = r.make(c);
+      r.publish("news.eu", "5");
+      REQUIRE(r.step(*again) == sink::step_result::committed);
+      CHECK(sqlite_rows(r.db, "events").size() == 3);
+      CHECK(r.consumer().config.start_seq == second);
+    }
+  }
+  SECTION("a time: from the first event stored at or after it") {
+    r.clock->advance(1min);
+    const auto at = r.clock->now();
+    r.publish("news.eu", R"("late")");
+    c.from = {.from = sink::start_position::kind::time, .time = at};
+    auto s = r.make(c);
+    REQUIRE(r.step(*s) == sink::step_result::committed);
+    auto rows = sqlite_rows(r.db, "events");
+    REQUIRE(rows.size() == 1);
+    CHECK(rows.begin()->second.at("body") == "\"late\"");
+  }
+}
