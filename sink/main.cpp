@@ -141,7 +141,7 @@ amp::result<options> parse(const std::vector<std::string>& args) {
   }
   if (out.help || out.version) return out;
   if (!file) return usage("--config FILE.json is required (see --help)");
-  auto loaded = amp::sink::load_sink_config(*file);
+  auto loaded = amp::sink::load_sink_config(*file, false);
   if (!loaded) return loaded.error();
   out.config = std::move(*loaded);
   for (const auto& [key, json] : overrides) {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <filesystem>
 #include <utility>
 
@@ -327,6 +328,22 @@ result<void> check_sink_config(const sink_config& c) {
   } else if (c.field) {
     return fail("idempotency.field: is used only with \"strategy\": \"payload_field\"; null here");
   }
+  if (c.http) {
+    const auto colon = c.http->rfind(':');
+    const auto host = colon == std::string::npos ? std::string_view()
+                                                 : std::string_view(*c.http).substr(0, colon);
+    const auto port = colon == std::string::npos ? std::string_view()
+                                                 : std::string_view(*c.http).substr(colon + 1);
+    int number = 0;
+    auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), number);
+    if (host.empty() || ec != std::errc{} || end != port.data() + port.size() || number < 0 ||
+        number > 65535) {
+      return fail(
+          fmt::format("http: must be \"host:port\" with an IP address (\"127.0.0.1:9090\", "
+                      "\"[::1]:9090\") and a port from 0 to 65535, not {}",
+                      amp::quoted(*c.http)));
+    }
+  }
   if (c.targets.empty()) return fail("targets: is required (at least one target)");
   bool any_required = false;
   for (std::size_t i = 0; i < c.targets.size(); ++i) {
@@ -348,12 +365,13 @@ result<sink_config> parse_sink_config(std::string_view json) {
   return c;
 }
 
-result<sink_config> load_sink_config(const std::string& path) {
+result<sink_config> load_sink_config(const std::string& path, bool check) {
   auto text = read_config_file(path, k_max_file_bytes);
   if (!text) return text.error();
-  auto parsed = parse_sink_config(*text);
+  sink_config c;
+  auto parsed = apply_text(*text, c).and_then(
+      [&]() -> result<void> { return check ? check_sink_config(c) : result<void>(); });
   if (!parsed) return fail(fmt::format("{}: {}", path, parsed.error().message()));
-  auto& c = *parsed;
   const auto base = std::filesystem::path(path).parent_path();
   for (auto& t : c.targets) {
     if (!t.path.empty()) t.path = resolve_path(base, t.path);
@@ -362,7 +380,7 @@ result<sink_config> load_sink_config(const std::string& path) {
   for (auto* p : {&c.nats.creds, &c.nats.tls_ca, &c.nats.tls_cert, &c.nats.tls_key}) {
     if (*p) *p = resolve_path(base, **p);
   }
-  return parsed;
+  return c;
 }
 
 result<void> set_sink_config_value(sink_config& config, std::string_view dotted_key,

@@ -32,13 +32,17 @@ struct result_closer {
 using conn_ptr = std::unique_ptr<PGconn, conn_closer>;
 using pg_result = std::unique_ptr<PGresult, result_closer>;
 
-// SQLSTATE classes of failures that pass: connection (08), resources such as a full disk
-// (53), operator intervention such as a shutdown (57), system errors (58), and a
-// transaction rolled back for serialization or deadlock (40).
-bool transient_state(std::string_view state) {
+// What PostgreSQL says of a row, which the row itself causes: a data exception (22, such as
+// 22P05 for a "\u0000" that jsonb cannot hold) or an integrity violation (23). Everything
+// else (the connection, resources such as a full disk, a shutdown, a read-only standby, a
+// table dropped or a permission revoked) is about the target, not the row: it may pass.
+bool row_state(std::string_view state) {
   const auto cls = state.substr(0, 2);
-  return state.empty() || cls == "08" || cls == "53" || cls == "57" || cls == "58" || cls == "40";
+  return cls == "22" || cls == "23";
 }
+
+// At most this many rows per statement: 11 parameters each, and a statement takes 65,535.
+constexpr std::size_t k_rows_per_statement = 4096;
 
 std::string first_line(const char* message) {
   std::string_view m = message ? message : "";
@@ -83,9 +87,17 @@ class postgres_target final : public target {
 
   result<void> open() override {
     conn_.reset();
-    // A connect_timeout in the DSN wins over this one (later settings override earlier).
-    const char* keys[] = {"connect_timeout", "dbname", nullptr};
-    const char* values[] = {"5", config_.dsn.c_str(), nullptr};
+    // Settings in the DSN win over these (later settings override earlier).
+    // A connection whose peer vanished is noticed within half a minute, not the minutes of
+    // TCP's retransmissions.
+    const char* keys[] = {"connect_timeout",
+                          "keepalives_idle",
+                          "keepalives_interval",
+                          "keepalives_count",
+                          "tcp_user_timeout",
+                          "dbname",
+                          nullptr};
+    const char* values[] = {"5", "10", "5", "3", "30000", config_.dsn.c_str(), nullptr};
     conn_ptr made(PQconnectdbParams(keys, values, 1));
     if (!made || PQstatus(made.get()) != CONNECTION_OK) {
       return away(fmt::format("{}: cannot connect: {}", describe(),
@@ -188,23 +200,26 @@ class postgres_target final : public target {
     return out;
   }
 
-  // The stream and seq stored under each key of `rows` that is stored.
+  // The stream and seq stored under each key of the rows `which` that is stored.
   result<std::map<std::string, std::pair<std::string, std::uint64_t>, std::less<>>> stored_origins(
       std::span<const row> rows, std::span<const std::size_t> which) {
-    std::string sql =
-        fmt::format("SELECT key, stream, seq FROM \"{}\" WHERE key IN (", config_.table);
-    std::vector<std::string_view> keys;
-    for (std::size_t w = 0; w < which.size(); ++w) {
-      sql += fmt::format("{}${}", w == 0 ? "" : ",", w + 1);
-      keys.push_back(rows[which[w]].key);
-    }
-    sql += ")";
-    auto r = run(sql, keys);
-    if (!r) return r.error();
     std::map<std::string, std::pair<std::string, std::uint64_t>, std::less<>> out;
-    for (int i = 0; i < PQntuples(r->get()); ++i) {
-      out.emplace(PQgetvalue(r->get(), i, 0), std::pair(std::string(PQgetvalue(r->get(), i, 1)),
-                                                        std::stoull(PQgetvalue(r->get(), i, 2))));
+    for (std::size_t first = 0; first < which.size(); first += k_rows_per_statement) {
+      const auto part = which.subspan(first, std::min(k_rows_per_statement, which.size() - first));
+      std::string sql =
+          fmt::format("SELECT key, stream, seq FROM \"{}\" WHERE key IN (", config_.table);
+      std::vector<std::string_view> keys;
+      for (std::size_t w = 0; w < part.size(); ++w) {
+        sql += fmt::format("{}${}", w == 0 ? "" : ",", w + 1);
+        keys.push_back(rows[part[w]].key);
+      }
+      sql += ")";
+      auto r = run(sql, keys);
+      if (!r) return r.error();
+      for (int i = 0; i < PQntuples(r->get()); ++i) {
+        out.emplace(PQgetvalue(r->get(), i, 0), std::pair(std::string(PQgetvalue(r->get(), i, 1)),
+                                                          std::stoull(PQgetvalue(r->get(), i, 2))));
+      }
     }
     return out;
   }
@@ -213,6 +228,15 @@ class postgres_target final : public target {
   // otherwise it is left as it is. Adds the keys written to `written`.
   result<void> insert(std::span<const row> rows, std::span<const std::size_t> which, bool replace,
                       std::set<std::string, std::less<>>& written) {
+    for (std::size_t first = 0; first < which.size(); first += k_rows_per_statement) {
+      const auto part = which.subspan(first, std::min(k_rows_per_statement, which.size() - first));
+      if (auto r = insert_part(rows, part, replace, written); !r) return r;
+    }
+    return {};
+  }
+
+  result<void> insert_part(std::span<const row> rows, std::span<const std::size_t> which,
+                           bool replace, std::set<std::string, std::less<>>& written) {
     std::string sql = fmt::format("INSERT INTO \"{}\" ({}, committed_at) VALUES ", config_.table,
                                   fmt::join(k_columns, ", "));
     std::vector<std::string> seqs;
@@ -296,10 +320,10 @@ class postgres_target final : public target {
         fmt::format("{}: {}{}", describe(),
                     first_line(r ? PQresultErrorMessage(r.get()) : PQerrorMessage(conn_.get())),
                     sqlstate.empty() ? "" : fmt::format(" (SQLSTATE {})", sqlstate));
-    if (PQstatus(conn_.get()) != CONNECTION_OK || transient_state(sqlstate)) {
+    if (sqlstate == "23505") return unexpected(errc::conflict, std::move(message));
+    if (PQstatus(conn_.get()) != CONNECTION_OK || !row_state(sqlstate)) {
       return away(std::move(message));
     }
-    if (sqlstate == "23505") return unexpected(errc::conflict, std::move(message));
     return unexpected(errc::bad_request, std::move(message));
   }
 

@@ -51,9 +51,10 @@ result<std::string> key_of(const source_rules& rules, const row& r) {
   switch (value.type()) {
     case dom::element_type::STRING: {
       const std::string_view s = value.get_string().value_unsafe();
-      if (s.empty()) {
-        return unexpected(errc::bad_request, fmt::format("payload_field {}: an empty string",
-                                                         amp::quoted(rules.field)));
+      if (s.empty() || s.find('\0') != std::string_view::npos) {
+        return unexpected(errc::bad_request,
+                          fmt::format("payload_field {}: {}", amp::quoted(rules.field),
+                                      s.empty() ? "an empty string" : "a string with U+0000"));
       }
       return std::string(s);
     }

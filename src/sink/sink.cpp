@@ -20,7 +20,7 @@ namespace {
 constexpr duration k_optional_pause = std::chrono::seconds(10);
 constexpr duration k_lag_every = std::chrono::seconds(1);
 constexpr std::size_t k_max_reason = 1024;
-constexpr std::string_view k_msg_id_header = "Nats-Msg-Id";
+constexpr std::string_view k_nats_header_prefix = "Nats-";
 
 // What became of one consumed message in a batch.
 enum class fate {
@@ -36,6 +36,7 @@ struct entry {
   std::size_t row = 0;   // index in the batch's rows, with commit
   std::string reason{};  // with unwritable
   bool duplicate = false;
+  std::size_t owner = 0;  // with folded: the entry that stands for it
 };
 
 // A header value without line breaks or control characters, at most k_max_reason bytes.
@@ -134,8 +135,12 @@ struct sink::impl {
   // The dead-letter stream and the consumer. `conflict` and `bad_request` can never pass;
   // `unavailable` and `not_found` (the source stream is not there yet) may.
   result<void> prepare() {
+    // Its duplicate window outlasts AckWait: an original whose acknowledgement was lost
+    // after its dead letter was stored comes back within it, and is not stored twice.
     auto dlq = backend->ensure_stream(
-        {.name = subjects::dlq_stream(rules.ns), .subjects = {subjects::dlq_subjects(rules.ns)}});
+        {.name = subjects::dlq_stream(rules.ns),
+         .subjects = {subjects::dlq_subjects(rules.ns)},
+         .duplicate_window = std::max<duration>(std::chrono::minutes(2), 2 * config.ack_wait)});
     // A dead-letter stream configured otherwise by its operator is theirs to keep.
     if (!dlq && dlq.error().code() == errc::conflict) {
       dlq = backend->stream_info_of(subjects::dlq_stream(rules.ns));
@@ -350,13 +355,15 @@ struct sink::impl {
     std::vector<row> rows;
     std::vector<std::size_t> owner;  // per row: the entry it came from
     std::unordered_map<std::string, std::size_t> by_key;
-    std::unordered_set<std::uint64_t> seqs;
+    std::unordered_map<std::uint64_t, std::size_t> by_seq;
     for (std::size_t i = 0; i < held.size(); ++i) {
       auto& e = entries[i];
       e.m = &held[i];
-      // The same message twice (a redelivery met its earlier delivery): one row, both acked.
-      if (!seqs.insert(held[i].seq).second) {
+      // The same message twice (a redelivery met its earlier delivery): one row, and the
+      // second delivery goes as the first does.
+      if (auto [at, fresh] = by_seq.try_emplace(held[i].seq, i); !fresh) {
         e.what = fate::folded;
+        e.owner = at->second;
         continue;
       }
       auto mapped = detail::map_message(rules, held[i]);
@@ -379,10 +386,12 @@ struct sink::impl {
         case duplicate_mode::skip:
           e.what = fate::folded;
           e.duplicate = true;
+          e.owner = owner[r];
           break;
         case duplicate_mode::replace:
           entries[owner[r]].what = fate::folded;
           entries[owner[r]].duplicate = true;
+          entries[owner[r]].owner = i;
           rows[r] = std::move(mapped.r);
           owner[r] = i;
           e.what = fate::commit;
@@ -417,6 +426,13 @@ struct sink::impl {
                           json_quote(written.error().message()), held.size()));
         }
         s.opened = true;
+        if (written->outcomes.size() != rows.size() || written->reasons.size() != rows.size()) {
+          s.opened = false;
+          return transient(
+              "target_failed",
+              fmt::format("\"target\":{},\"error\":\"{} outcomes for {} rows\"",
+                          json_quote(s.t->describe()), written->outcomes.size(), rows.size()));
+        }
         for (std::size_t r = 0; r < rows.size(); ++r) {
           switch (written->outcomes[r]) {
             case row_outcome::written:
@@ -440,7 +456,6 @@ struct sink::impl {
     }
     const auto committed_at = std::chrono::steady_clock::now();
     const double seconds = std::chrono::duration<double>(committed_at - started).count();
-    write_optional(rows, refused);
 
     for (auto& e : entries) {
       if (e.what == fate::commit && !refused[e.row].empty()) {
@@ -449,6 +464,8 @@ struct sink::impl {
       }
     }
     auto acked = settle(entries);
+    // Optional targets after the acknowledgement: they never hold it back.
+    write_optional(rows, refused);
 
     std::uint64_t committed = 0;
     std::uint64_t duplicates = 0;
@@ -516,6 +533,18 @@ struct sink::impl {
   std::vector<std::uint64_t> settle(std::vector<entry>& entries) {
     std::vector<const message*> to_ack;
     for (auto& e : entries) {
+      if (e.what == fate::folded) {
+        // Acknowledged with the message that stands for it once that one is committed;
+        // otherwise tried again on its own.
+        const entry* o = &entries[e.owner];
+        while (o->what == fate::folded) o = &entries[o->owner];
+        if (o->what == fate::commit) {
+          to_ack.push_back(e.m);
+        } else {
+          backend->acknowledge(*e.m, ack_kind::nak, options.backoff_min);
+        }
+        continue;
+      }
       if (e.what != fate::unwritable) {
         to_ack.push_back(e.m);
         continue;
@@ -540,23 +569,24 @@ struct sink::impl {
     // sent, so the last one's confirmation says every one before it was taken too.
     latch last(1);
     bool confirmed = false;
+    std::string ack_error;
     {
       amp::detail::write_batch one_write;  // every acknowledgement in one write
       for (std::size_t i = 0; i + 1 < to_ack.size(); ++i) {
         backend->acknowledge(*to_ack[i], ack_kind::ack);
       }
-      backend->async_acknowledge(
-          *to_ack.back(), ack_kind::ack, duration::zero(), [&](result<void> r) {
-            confirmed = r.has_value();
-            if (!r) {
-              log("warn", "ack_failed",
-                  fmt::format("\"error\":{}", json_quote(r.error().message())));
-            }
-            last.done();
-          });
+      backend->async_acknowledge(*to_ack.back(), ack_kind::ack, duration::zero(),
+                                 [&](result<void> r) {
+                                   confirmed = r.has_value();
+                                   if (!r) ack_error = r.error().message();
+                                   last.done();
+                                 });
     }
     last.wait();
-    if (!confirmed) return acked;
+    if (!confirmed) {
+      log("warn", "ack_failed", fmt::format("\"error\":{}", json_quote(ack_error)));
+      return acked;
+    }
     for (const auto* m : to_ack) acked.push_back(m->seq);
     std::sort(acked.begin(), acked.end());
     return acked;
@@ -568,7 +598,9 @@ struct sink::impl {
                          .headers = {},
                          .msg_id = fmt::format("{}:{}:{}", config.name, m.stream, m.seq)};
     for (const auto& h : m.headers) {
-      if (h.first != k_msg_id_header) out.headers.push_back(h);
+      // JetStream's own headers (a message id, the expected last sequence of a KV write, a
+      // TTL, a rollup) would be judged again against the dead-letter stream: they stay.
+      if (!h.first.starts_with(k_nats_header_prefix)) out.headers.push_back(h);
     }
     out.headers.emplace_back("Amp-Dlq-Reason", header_value(reason));
     out.headers.emplace_back("Amp-Dlq-Stream", m.stream);

@@ -65,7 +65,10 @@ class sqlite_target final : public target {
         "headers TEXT NOT NULL, committed_at TEXT NOT NULL)",
         t);
     if (auto r = exec(setup); !r) return fail_open(r.error().message());
-    if (auto r = check_columns(); !r) return fail_open(r.error().message());
+    if (auto r = check_columns(); !r) {
+      close();
+      return r.error();
+    }
     const auto names = fmt::format("{}", fmt::join(k_columns, ", "));
     insert_ = prepare(fmt::format(
         "INSERT INTO \"{}\" ({}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) "

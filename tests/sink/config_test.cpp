@@ -131,6 +131,12 @@ TEST_CASE("a bad configuration is refused with a message naming the key", "[sink
   CHECK(error_of(R"({"name":"a","source":{"ns":"demo","kind":"topics","topics":[">"]},
     "targets":[{"kind":"file","dir":"d","required":false}]})")
             .find("targets: at least one target must be required") == 0);
+  CHECK(error_of(R"({"name":"a","http":"9090","source":{"ns":"demo","kind":"topics","topics":[">"]},
+    "targets":[{"kind":"file","dir":"d"}]})")
+            .find("http: must be \"host:port\"") == 0);
+  CHECK(error_of(R"({"name":"a","http":"127.0.0.1:99999","source":{"ns":"demo","kind":"topics",
+    "topics":[">"]},"targets":[{"kind":"file","dir":"d"}]})")
+            .find("http: must be") == 0);
   CHECK(error_of(R"({"name":"a","targets":[{"kind":"kafka"}]})")
             .find(R"(targets/0.kind: must be "sqlite", "postgres" or "file", not "kafka")") !=
         std::string::npos);

@@ -273,3 +273,36 @@ TEST_CASE("ended tasks are written once each, as their final record", "[sink][po
   CHECK(pg_value(r.pg.dsn(), fmt::format("SELECT count(*) FROM tasks WHERE key = '{}'",
                                          running.task.str())) == "0");
 }
+
+TEST_CASE(
+    "an ended task that can never be written is dead-lettered (without the task store's "
+    "own headers)",
+    "[sink][postgres][tasks]") {
+  rig r;
+  auto jobs = job_queue::open(r.t, r.broker).value();
+  auto c = r.config();
+  c.kind = sink::source_kind::tasks;
+  c.topics.clear();
+  c.strategy = sink::key_strategy::payload_field;
+  c.field = "/result/order";
+  c.max_failures = 1;
+  c.targets[0].table = "tasks";
+  const auto alice = participant_name::make("alice").value();
+  const auto review = job_name::make("review").value();
+  auto task = jobs->submit({.job = review, .from = alice, .body = R"({"doc":1})"}).value();
+  REQUIRE(jobs->cancel(task.task, {.who = alice}));  // ends without a result
+  auto s = r.make(c);
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  std::optional<message> dead;
+  while (!dead && std::chrono::steady_clock::now() < deadline) {
+    s->step();
+    if (auto m = r.t->get_message("AMP_DLQ_demo", 1)) dead = *m;
+  }
+  REQUIRE(dead);
+  CHECK(dead->subject == "amp.demo.dlq.archive");
+  CHECK(find_header(dead->headers, "Amp-Dlq-Stream") == "KV_AMP_TASK_STATE");
+  CHECK(find_header(dead->headers, "Amp-Dlq-Reason")->find("/result/order") !=
+        std::string_view::npos);
+  for (const auto& [name, value] : dead->headers) CHECK_FALSE(name.starts_with("Nats-Expected"));
+  CHECK(r.rows_of("tasks") == 0);
+}

@@ -82,6 +82,42 @@ class switchable_target final : public sink::target {
   std::unique_ptr<sink::target> inner_;
 };
 
+/// A target that passes to another one the rows whose body does not contain `marker`, and
+/// refuses those that do (as a database refuses a row it cannot hold).
+class refusing_target final : public sink::target {
+ public:
+  refusing_target(std::unique_ptr<sink::target> inner, std::string marker)
+      : inner_(std::move(inner)), marker_(std::move(marker)) {}
+  std::string describe() const override { return "refusing " + inner_->describe(); }
+  result<void> open() override { return inner_->open(); }
+  result<sink::batch_result> write(std::span<const sink::row> rows,
+                                   sink::duplicate_mode mode) override {
+    std::vector<sink::row> taken;
+    for (const auto& r : rows) {
+      if (r.body.find(marker_) == std::string::npos) taken.push_back(r);
+    }
+    auto inner = inner_->write(taken, mode);
+    if (!inner) return inner.error();
+    sink::batch_result out;
+    std::size_t next = 0;
+    for (const auto& r : rows) {
+      if (r.body.find(marker_) != std::string::npos) {
+        out.outcomes.push_back(sink::row_outcome::refused);
+        out.reasons.push_back("refused: " + marker_);
+      } else {
+        out.outcomes.push_back(inner->outcomes[next]);
+        out.reasons.push_back(inner->reasons[next]);
+        ++next;
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::unique_ptr<sink::target> inner_;
+  std::string marker_;
+};
+
 /// Runs `s.step()` on another thread while moving `clock` forward in small steps, so that
 /// waits on the clock (a batch filling, an idle fetch) end; returns what the step did.
 inline sink::step_result step_with(sink::sink& s, manual_clock& clock) {

@@ -475,3 +475,29 @@ TEST_CASE("from says where a new consumer starts, and counts only when it is fir
     CHECK(rows.begin()->second.at("body") == "\"late\"");
   }
 }
+
+TEST_CASE("a message folded into another one with its key waits for that one's fate", "[sink]") {
+  rig r;
+  auto c = r.config();
+  c.strategy = sink::key_strategy::message_id;
+  c.on_duplicate = sink::duplicate_mode::skip;
+  c.max_failures = 2;
+  std::vector<std::unique_ptr<sink::target>> targets;
+  targets.push_back(std::make_unique<refusing_target>(sqlite_target(r.db), "poison"));
+  auto s = r.make(c, std::move(targets));
+  // One key, two messages in one batch; the first is one the target refuses.
+  const auto poison = r.publish("news.eu", R"({"v":"poison"})", "alice", "k1");
+  r.publish("news.eu", R"({"v":"good"})", "bob", "k1");
+  REQUIRE(r.step(*s) == sink::step_result::committed);
+  // Neither is acknowledged: the first failed, the second stood behind it.
+  CHECK(r.consumer().num_ack_pending == 2);
+  r.drain(*s);
+  auto rows = sqlite_rows(r.db, "events");
+  REQUIRE(rows.size() == 1);
+  CHECK(rows.at("k1").at("body") == R"({"v":"good"})");
+  auto dead = r.dead_letters();
+  REQUIRE(dead.size() == 1);
+  CHECK(find_header(dead[0].headers, "Amp-Dlq-Seq") == std::to_string(poison));
+  // JetStream's own headers stay behind.
+  CHECK_FALSE(find_header(dead[0].headers, "Nats-Msg-Id"));
+}

@@ -106,9 +106,10 @@ struct sink_config {
 result<sink_config> parse_sink_config(std::string_view json);
 
 /// Reads the file `path` as `parse_sink_config` does; relative paths inside it (`sqlite`
-/// paths, `file` directories, NATS files) are made relative to the file's folder. Errors
-/// also for a file that cannot be read ("cannot read PATH: …").
-result<sink_config> load_sink_config(const std::string& path);
+/// paths, `file` directories, NATS files) are made relative to the file's folder. With
+/// `check` false, `check_sink_config` is left to the caller (who may set keys first, as
+/// `amp-sink --set` does). Errors also for a file that cannot be read ("cannot read PATH: …").
+result<sink_config> load_sink_config(const std::string& path, bool check = true);
 
 /// Sets one key (`source.ns`, `targets`, `batch.max_messages`…) to `value_json`, as if
 /// the file had said so (objects are merged key by key, arrays replaced). Does not run
