@@ -212,18 +212,20 @@ struct sink::impl {
     if (prefetch || stopping.load()) return;
     auto p = std::make_shared<prefetch_state>();
     prefetch = p;
-    backend->async_fetch(stream, config.name,
-                         {.batch = config.max_messages, .max_wait = options.idle_wait},
-                         [p, t = backend](result<std::vector<message>> r) {
-                           std::lock_guard lock(p->mutex);
-                           if (p->abandoned) {
-                             if (r) give_back(*t, *r);
-                             return;
-                           }
-                           p->got = std::move(r);
-                           p->done = true;
-                           p->cv.notify_all();
-                         });
+    backend->async_fetch(
+        stream, config.name, {.batch = config.max_messages, .max_wait = options.idle_wait},
+        // Weak: the transport holds this completion while the
+        // fetch waits, and must not be kept alive by it.
+        [p, weak = std::weak_ptr<transport>(backend)](result<std::vector<message>> r) {
+          std::lock_guard lock(p->mutex);
+          if (p->abandoned) {
+            if (auto t = weak.lock(); t && r) give_back(*t, *r);
+            return;
+          }
+          p->got = std::move(r);
+          p->done = true;
+          p->cv.notify_all();
+        });
   }
 
   result<std::vector<message>> take_prefetch() {
