@@ -306,3 +306,24 @@ TEST_CASE(
   for (const auto& [name, value] : dead->headers) CHECK_FALSE(name.starts_with("Nats-Expected"));
   CHECK(r.rows_of("tasks") == 0);
 }
+
+TEST_CASE(
+    "a table dropped under the sink is the target's failure: nothing is dead-lettered, "
+    "the table is made again",
+    "[sink][postgres]") {
+  rig r;
+  auto c = r.config();
+  c.max_failures = 1;
+  auto s = r.make(c);
+  r.publish("news.eu", "1");
+  r.drain(*s);
+  REQUIRE(r.rows() == "1");
+  pg_query(r.pg.dsn(), "DROP TABLE events");
+  r.publish("news.eu", "2");
+  r.publish("news.eu", "3");
+  r.drain(*s);
+  CHECK(r.rows() == "2");
+  CHECK_FALSE(r.t->stream_info_of("AMP_DLQ_demo").value().state.messages > 0);
+  CHECK(s->stats().transient_failures >= 1);
+  CHECK(s->stats().dead_lettered == 0);
+}
