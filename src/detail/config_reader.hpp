@@ -230,6 +230,23 @@ result<void> for_members(dom::element e, const std::string& path,
   return {};
 }
 
+/// `nats.tls` (server and sink alike): `null` clears the three files; otherwise an object
+/// of `ca`, `cert` and `key`, each a file name or `null`.
+inline result<void> set_nats_tls(dom::element e, const std::string& path,
+                                 std::optional<std::string>& ca, std::optional<std::string>& cert,
+                                 std::optional<std::string>& key) {
+  if (e.is_null()) {
+    ca = cert = key = std::nullopt;
+    return {};
+  }
+  return for_members(
+      e, path, {"ca", "cert", "key"},
+      [&](std::string_view k, dom::element y, const std::string& q) {
+        return set_optional_text(y, q, k == "ca" ? ca : k == "cert" ? cert : key);
+      },
+      nullable::yes);
+}
+
 /// The text of the configuration file `path`, at most `max_bytes`. Errors: `bad_request`
 /// "cannot read PATH: why" (missing, unreadable, a directory, too large).
 inline result<std::string> read_config_file(const std::string& path, std::size_t max_bytes) {

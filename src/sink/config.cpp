@@ -65,19 +65,7 @@ result<void> apply_nats(dom::element e, const std::string& path, sink_config::na
                        if (k == "url") return set_text(x, q, n.url);
                        if (k == "creds") return set_optional_text(x, q, n.creds);
                        if (k == "domain") return set_optional_text(x, q, n.domain);
-                       if (x.is_null()) {
-                         n.tls_ca = n.tls_cert = n.tls_key = std::nullopt;
-                         return {};
-                       }
-                       return for_members(
-                           x, q, {"ca", "cert", "key"},
-                           [&](std::string_view tk, dom::element y, const std::string& tq) {
-                             return set_optional_text(y, tq,
-                                                      tk == "ca"     ? n.tls_ca
-                                                      : tk == "cert" ? n.tls_cert
-                                                                     : n.tls_key);
-                           },
-                           nullable::yes);
+                       return set_nats_tls(x, q, n.tls_ca, n.tls_cert, n.tls_key);
                      });
 }
 

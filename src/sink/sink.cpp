@@ -11,6 +11,7 @@
 
 #include "amp/json.hpp"
 #include "amp/subjects.hpp"
+#include "detail/wait_for.hpp"
 #include "detail/write_batch.hpp"
 #include "sink/rows.hpp"
 
@@ -47,25 +48,6 @@ std::string header_value(std::string_view text) {
   }
   return out;
 }
-
-// Counts completions; `wait` returns once every one expected came.
-class latch {
- public:
-  explicit latch(std::size_t n) : left_(n) {}
-  void done() {
-    std::lock_guard lock(mutex_);
-    if (--left_ == 0) cv_.notify_all();
-  }
-  void wait() {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return left_ == 0; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::size_t left_;
-};
 
 deliver_policy policy_of(const start_position& p) {
   switch (p.from) {
@@ -569,24 +551,16 @@ struct sink::impl {
     // One confirmed acknowledgement for the batch: the others go first, unconfirmed, on the
     // same connection, and JetStream handles a connection's acknowledgements in the order
     // sent, so the last one's confirmation says every one before it was taken too.
-    latch last(1);
-    bool confirmed = false;
-    std::string ack_error;
-    {
-      amp::detail::write_batch one_write;  // every acknowledgement in one write
-      for (std::size_t i = 0; i + 1 < to_ack.size(); ++i) {
-        backend->acknowledge(*to_ack[i], ack_kind::ack);
-      }
-      backend->async_acknowledge(*to_ack.back(), ack_kind::ack, duration::zero(),
-                                 [&](result<void> r) {
-                                   confirmed = r.has_value();
-                                   if (!r) ack_error = r.error().message();
-                                   last.done();
-                                 });
+    amp::detail::write_batch one_write;  // every acknowledgement in one write
+    for (std::size_t i = 0; i + 1 < to_ack.size(); ++i) {
+      backend->acknowledge(*to_ack[i], ack_kind::ack);
     }
-    last.wait();
+    auto confirmed = amp::detail::wait_for<void>([&](completion<void> done) {
+      backend->async_acknowledge(*to_ack.back(), ack_kind::ack, duration::zero(), std::move(done));
+    });
     if (!confirmed) {
-      log("warn", "ack_failed", fmt::format("\"error\":{}", json_quote(ack_error)));
+      log("warn", "ack_failed",
+          fmt::format("\"error\":{}", json_quote(confirmed.error().message())));
       return acked;
     }
     for (const auto* m : to_ack) acked.push_back(m->seq);
