@@ -43,7 +43,18 @@ struct rig {
     return c;
   }
 
+  // What the sinks logged, shown when a drain fails.
+  std::shared_ptr<std::mutex> log_mutex = std::make_shared<std::mutex>();
+  std::shared_ptr<std::vector<std::string>> log = std::make_shared<std::vector<std::string>>();
+
   std::unique_ptr<sink::sink> make(sink::sink_config c, sink::sink_options o = {}) {
+    if (!o.log) {
+      o.log = [m = log_mutex, l = log](std::string_view level, std::string_view event,
+                                       std::string_view detail) {
+        std::lock_guard lock(*m);
+        l->push_back(fmt::format("{} {} {}", level, event, detail));
+      };
+    }
     o.backoff_min = 20ms;
     o.backoff_max = 200ms;
     o.idle_wait = 100ms;
@@ -76,7 +87,16 @@ struct rig {
       if (info->num_pending == 0 && info->num_ack_pending == 0) return;
       s.step();
     }
-    FAIL("the sink did not drain");
+    auto info = t->consumer_info_of("AMP_TOPICS_demo", name).value();
+    const auto st = s.stats();
+    std::lock_guard lock(*log_mutex);
+    FAIL(
+        fmt::format("the sink did not drain: pending {}, ack pending {}, redelivered {}, "
+                    "delivered up to {}, acked up to {}; committed {}, acked {}, failures {}, "
+                    "transient {}, dead-lettered {}; log:\n{}",
+                    info.num_pending, info.num_ack_pending, info.num_redelivered,
+                    info.delivered_stream_seq, info.ack_floor_stream_seq, st.committed, st.acked,
+                    st.failures, st.transient_failures, st.dead_lettered, fmt::join(*log, "\n")));
   }
 };
 
