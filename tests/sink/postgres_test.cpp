@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <set>
@@ -346,4 +347,53 @@ TEST_CASE(
   CHECK_FALSE(r.t->stream_info_of("AMP_DLQ_demo").value().state.messages > 0);
   CHECK(s->stats().transient_failures >= 1);
   CHECK(s->stats().dead_lettered == 0);
+}
+
+TEST_CASE(
+    "a batch of ten thousand rows (more parameters than one statement takes) is written "
+    "in parts within one transaction",
+    "[sink][postgres]") {
+  auto pg = postgres_server::start({.fsync = false});
+  auto t = sink::make_target({.kind = sink::target_kind::postgres, .dsn = pg.dsn(), .table = "big"})
+               .value();
+  REQUIRE(t->open());
+  auto rows_from = [](std::uint64_t first, std::uint64_t count, std::string_view stream) {
+    std::vector<sink::row> rows;
+    for (std::uint64_t seq = first; seq < first + count; ++seq) {
+      rows.push_back({.key = fmt::format("k{}", seq),
+                      .stream = std::string(stream),
+                      .seq = seq,
+                      .subject = "amp.demo.topic.big",
+                      .topic = "big",
+                      .msg_id = fmt::format("m{}", seq),
+                      .sender = "alice",
+                      .type = "note",
+                      .ts = "2026-12-07T00:00:00.000Z",
+                      .body = fmt::format(R"({{"n":{}}})", seq),
+                      .headers = "{}"});
+    }
+    return rows;
+  };
+  auto count = [&](sink::row_outcome o, const sink::batch_result& r) {
+    return std::count(r.outcomes.begin(), r.outcomes.end(), o);
+  };
+  // 6,000 keys first; then 10,000 rows, 6,000 of them on those keys: the keys stored
+  // already are read back and replaced in parts too.
+  auto first = t->write(rows_from(0, 6000, "S"), sink::duplicate_mode::skip);
+  REQUIRE(first);
+  CHECK(count(sink::row_outcome::written, *first) == 6000);
+  const auto mode = GENERATE(sink::duplicate_mode::skip, sink::duplicate_mode::replace);
+  const bool replace = mode == sink::duplicate_mode::replace;
+  auto second = t->write(rows_from(0, 10000, "T"), mode);
+  REQUIRE(second);
+  CHECK(count(sink::row_outcome::written, *second) == 4000);
+  CHECK(count(replace ? sink::row_outcome::replaced : sink::row_outcome::skipped, *second) == 6000);
+  CHECK(pg_value(pg.dsn(), "SELECT count(*) FROM big") == "10000");
+  CHECK(pg_value(pg.dsn(), "SELECT count(*) FROM big WHERE stream = 'S'") ==
+        (replace ? "0" : "6000"));
+  // The same batch redelivered: its rows are recognised as its own where they were stored.
+  auto again = t->write(rows_from(0, 10000, "T"), mode);
+  REQUIRE(again);
+  CHECK(count(sink::row_outcome::same, *again) == (replace ? 10000 : 4000));
+  CHECK(count(sink::row_outcome::skipped, *again) == (replace ? 0 : 6000));
 }

@@ -190,6 +190,20 @@ TEST_CASE("amp-sink --check opens every target and looks for the source, consumi
   CHECK(waits.out.find("wait source AMP_TOPICS_fresh filter amp.fresh.topic.>: not there yet") !=
         std::string::npos);
 
+  // Keys the file lacks may come from --set (and its absence is then named).
+  auto partial = r.config(r.sqlite_target());
+  partial.replace(partial.find(R"("name":"archive",)"), 17, "");
+  partial.replace(partial.find(R"("ns":"demo",)"), 12, "");
+  const auto partial_file = r.dir.write("partial.json", partial);
+  auto lacking = run_sink(r.dir, {"--config", partial_file.string(), "--check"});
+  CHECK(lacking.status == 2);
+  CHECK(lacking.err.find("name: is required") != std::string::npos);
+  auto completed = run_sink(r.dir, {"--config", partial_file.string(), "--set", R"(name="late")",
+                                    "--set", R"(source.ns="demo")", "--check"});
+  INFO(completed.err);
+  CHECK(completed.status == 0);
+  CHECK(completed.out.find("ok source AMP_TOPICS_demo") != std::string::npos);
+
   const auto bad =
       r.dir.write("bad.json", r.config(R"({"kind":"postgres","dsn":"host=127.0.0.1 port=1 dbname=x",
         "table":"events"})"));
