@@ -35,6 +35,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -273,6 +274,48 @@ double sqlite_baseline(const std::string& path, const std::string& table,
   return static_cast<double>(rows.size()) / seconds;
 }
 
+// ----- CPU spent ----------------------------------------------------------------------------
+
+// CPU seconds (user + system) of a process, from /proc/<pid>/stat; 0 when unreadable.
+double process_cpu_seconds(pid_t pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string text;
+  std::getline(in, text);
+  const auto paren = text.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream fields(text.substr(paren + 2));
+  std::string field;
+  unsigned long long user = 0, system = 0;
+  // After the command: state is field 3, utime 14, stime 15.
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) user = std::stoull(field);
+    if (i == 15) system = std::stoull(field);
+  }
+  return static_cast<double>(user + system) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// Microseconds of CPU per message that nats-server and this process spent over a phase.
+struct cpu_meter {
+  pid_t server;
+  double server_start = process_cpu_seconds(server);
+  double self_start = process_cpu_seconds(::getpid());
+
+  struct per_message {
+    double server_us = 0;
+    double self_us = 0;
+  };
+  per_message per(int n) const {
+    return {.server_us = (process_cpu_seconds(server) - server_start) * 1e6 / n,
+            .self_us = (process_cpu_seconds(::getpid()) - self_start) * 1e6 / n};
+  }
+};
+
+// A timed phase: messages (rows) per second and the CPU it cost per message.
+struct phase {
+  double rate = 0;
+  cpu_meter::per_message cpu{};
+};
+
 // ----- the sink ---------------------------------------------------------------------------
 
 struct bench_rig {
@@ -335,46 +378,60 @@ struct bench_rig {
 
   // Messages per second of a raw cnats pull consumer (no amp, no destination) draining `n`
   // stored events of `ns`, `batch` per fetch, each acknowledged (+ACK, not confirmed) at
-  // once: what JetStream itself allows a sink at that batch size.
-  double raw_drain_rate(const std::string& ns, int n, std::size_t batch) {
+  // once: what JetStream itself allows a sink at that batch size. With `ack_all`, the
+  // consumer's AckPolicy is "all" and only the last message of each fetch is acknowledged
+  // (it acknowledges every one before it): what JetStream allows without an acknowledgement
+  // per message.
+  phase raw_drain(const std::string& ns, int n, std::size_t batch, bool ack_all = false) {
     const auto stream = "AMP_TOPICS_" + ns;
-    check(t->ensure_consumer(
-               {.stream = stream, .durable = "raw", .ack_wait = 30s, .max_ack_pending = 20000})
-              .has_value(),
-          "raw consumer");
+    const char* durable = ack_all ? "raw_all" : "raw";
     natsConnection* nc = nullptr;
     jsCtx* js = nullptr;
     natsSubscription* sub = nullptr;
     check(natsConnection_ConnectTo(&nc, nats.url().c_str()) == NATS_OK, "cnats connect");
     check(natsConnection_JetStream(&js, nc, nullptr) == NATS_OK, "cnats jetstream");
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = durable;
+    cc.AckPolicy = ack_all ? js_AckAll : js_AckExplicit;
+    cc.AckWait = std::chrono::nanoseconds(30s).count();
+    cc.MaxAckPending = 20000;
+    check(js_AddConsumer(nullptr, js, stream.c_str(), &cc, nullptr, nullptr) == NATS_OK,
+          "raw consumer");
     jsSubOptions so;
     jsSubOptions_Init(&so);
     so.Stream = stream.c_str();
-    so.Consumer = "raw";
+    so.Consumer = durable;
     const auto subject = fmt::format("amp.{}.topic.>", ns);
-    check(js_PullSubscribe(&sub, js, subject.c_str(), "raw", nullptr, &so, nullptr) == NATS_OK,
+    check(js_PullSubscribe(&sub, js, subject.c_str(), durable, nullptr, &so, nullptr) == NATS_OK,
           "cnats pull subscribe");
     int got = 0;
+    const cpu_meter cpu{nats.pid()};
     const auto start = steady::now();
     while (got < n) {
       natsMsgList list{};
       const auto st = natsSubscription_Fetch(&list, sub, static_cast<int>(batch), 5000, nullptr);
       check(st == NATS_OK, "cnats fetch");
-      for (int i = 0; i < list.Count; ++i) natsMsg_Ack(list.Msgs[i], nullptr);
+      if (ack_all) {
+        if (list.Count > 0) natsMsg_Ack(list.Msgs[list.Count - 1], nullptr);
+      } else {
+        for (int i = 0; i < list.Count; ++i) natsMsg_Ack(list.Msgs[i], nullptr);
+      }
       got += list.Count;
       natsMsgList_Destroy(&list);
     }
     check(natsConnection_Flush(nc) == NATS_OK, "cnats flush");
     const double seconds = std::chrono::duration<double>(steady::now() - start).count();
+    const auto spent = cpu.per(n);
     natsSubscription_Destroy(sub);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
-    return n / seconds;
+    return {.rate = n / seconds, .cpu = spent};
   }
 
   // Rows per second of the sink draining `n` stored events of `ns`.
-  double sink_rate(const std::string& ns, int n, const std::string& kind, std::size_t batch,
-                   const std::string& table) {
+  phase sink_rate(const std::string& ns, int n, const std::string& kind, std::size_t batch,
+                  const std::string& table) {
     amp::sink::sink_config c;
     c.name = "bench";
     c.ns = ns;
@@ -382,15 +439,17 @@ struct bench_rig {
     c.max_messages = batch;
     c.targets = {target(kind, table)};
     auto s = amp::sink::sink::create(t, c).value();
+    const cpu_meter cpu{nats.pid()};
     const auto start = steady::now();
     while (s->stats().committed < static_cast<std::uint64_t>(n)) {
       const auto r = s->step();
       check(r != amp::sink::step_result::transient, "the sink failed transiently");
     }
     const double seconds = std::chrono::duration<double>(steady::now() - start).count();
+    const auto spent = cpu.per(n);
     const auto stats = s->stats();
     check(stats.acked == static_cast<std::uint64_t>(n), "not every event was acknowledged");
-    return n / seconds;
+    return {.rate = n / seconds, .cpu = spent};
   }
 };
 
@@ -491,6 +550,10 @@ lag_result measure_lag(bench_rig& rig, const options& o) {
 
 struct pair_result {
   std::vector<double> sink, baseline, ratio, raw, raw_ratio;
+  // CPU per message (µs): nats-server and the benchmark's process, sink and raw drain.
+  std::vector<double> sink_server_us, sink_self_us, raw_server_us, raw_self_us;
+  // The raw drain with AckPolicy all (one acknowledgement per fetch).
+  std::vector<double> raw_all, raw_all_server_us;
 };
 
 std::string summary_json(const std::vector<double>& v) {
@@ -511,8 +574,12 @@ int main(int argc, char** argv) {
       {
         // JetStream's own drain rate with large pulls: the most any consumer could take.
         auto [ns, events] = rig.namespace_with(o.events);
-        ceiling.push_back(rig.raw_drain_rate(ns, o.events, 4096));
-        std::printf("run %d raw cnats drain, fetch 4096: %8.0f msgs/s\n", run, ceiling.back());
+        const auto drained = rig.raw_drain(ns, o.events, 4096);
+        ceiling.push_back(drained.rate);
+        std::printf(
+            "run %d raw cnats drain, fetch 4096: %8.0f msgs/s (CPU per message: nats-server "
+            "%.1f us, client %.1f us)\n",
+            run, drained.rate, drained.cpu.server_us, drained.cpu.self_us);
       }
       for (const auto& kind : o.targets) {
         for (const int b : o.batches) {
@@ -529,18 +596,33 @@ int main(int argc, char** argv) {
             baseline =
                 sqlite_baseline((rig.dir / (base_table + ".db")).string(), base_table, rows, batch);
           }
-          const double sink = rig.sink_rate(ns, n, kind, batch, sink_table);
-          const double raw = rig.raw_drain_rate(ns, n, batch);
+          const auto sunk = rig.sink_rate(ns, n, kind, batch, sink_table);
+          const auto drained = rig.raw_drain(ns, n, batch);
+          const auto drained_all = rig.raw_drain(ns, n, batch, true);
+          const double sink = sunk.rate;
+          const double raw = drained.rate;
           auto& r = results[kind][batch];
           r.sink.push_back(sink);
           r.baseline.push_back(baseline);
           r.ratio.push_back(sink / baseline);
           r.raw.push_back(raw);
           r.raw_ratio.push_back(sink / raw);
+          r.sink_server_us.push_back(sunk.cpu.server_us);
+          r.sink_self_us.push_back(sunk.cpu.self_us);
+          r.raw_server_us.push_back(drained.cpu.server_us);
+          r.raw_self_us.push_back(drained.cpu.self_us);
+          r.raw_all.push_back(drained_all.rate);
+          r.raw_all_server_us.push_back(drained_all.cpu.server_us);
           std::printf(
               "run %d %-8s batch %3zu: sink %8.0f rows/s, baseline %8.0f rows/s, ratio "
-              "%.2f; raw JetStream drain %8.0f msgs/s (sink / raw %.2f)\n",
-              run, kind.c_str(), batch, sink, baseline, sink / baseline, raw, sink / raw);
+              "%.2f; raw JetStream drain %8.0f msgs/s (sink / raw %.2f); CPU per message: "
+              "sink %.1f us + nats-server %.1f us, raw drain %.1f us + nats-server %.1f us\n",
+              run, kind.c_str(), batch, sink, baseline, sink / baseline, raw, sink / raw,
+              sunk.cpu.self_us, sunk.cpu.server_us, drained.cpu.self_us, drained.cpu.server_us);
+          std::printf(
+              "run %d %-8s batch %3zu: raw drain with AckPolicy all (one ack per fetch) %8.0f "
+              "msgs/s, nats-server %.1f us per message\n",
+              run, kind.c_str(), batch, drained_all.rate, drained_all.cpu.server_us);
           std::fflush(stdout);
         }
       }
@@ -554,9 +636,15 @@ int main(int argc, char** argv) {
       for (const auto& [batch, r] : by_batch) {
         batches += fmt::format(
             R"({}"{}":{{"sink_rows_per_s":{},"baseline_rows_per_s":{},"ratio":{},)"
-            R"("raw_drain_msgs_per_s":{},"sink_vs_raw_drain":{}}})",
+            R"("raw_drain_msgs_per_s":{},"sink_vs_raw_drain":{},)"
+            R"("cpu_us_per_msg":{{"sink":{},"sink_nats_server":{},"raw_drain":{},)"
+            R"("raw_drain_nats_server":{},"raw_drain_ack_all_nats_server":{}}},)"
+            R"("raw_drain_ack_all_msgs_per_s":{}}})",
             batches.empty() ? "" : ",", batch, summary_json(r.sink), summary_json(r.baseline),
-            summary_json(r.ratio), summary_json(r.raw), summary_json(r.raw_ratio));
+            summary_json(r.ratio), summary_json(r.raw), summary_json(r.raw_ratio),
+            summary_json(r.sink_self_us), summary_json(r.sink_server_us),
+            summary_json(r.raw_self_us), summary_json(r.raw_server_us),
+            summary_json(r.raw_all_server_us), summary_json(r.raw_all));
       }
       targets += fmt::format(R"({}"{}":{{{}}})", targets.empty() ? "" : ",", kind, batches);
     }

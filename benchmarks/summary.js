@@ -122,7 +122,8 @@ const extract = {
     return out;
   },
   // amp-bench-sink: per target and batch, the sink's rows/s, the plain client's, the raw
-  // cnats drain's, and the ratios taken within the run; the lag at 5,000 events/s.
+  // cnats drain's (explicit acks, and AckPolicy all), the ratios taken within the run, and
+  // the CPU per message of each side; the lag at 5,000 events/s.
   sink(j) {
     const out = {};
     if (j.raw_drain_ceiling_msgs_per_s) out['sink.raw_drain_ceiling_msgs_per_s'] = med(j.raw_drain_ceiling_msgs_per_s);
@@ -134,6 +135,12 @@ const extract = {
         out[`${at}.vs_baseline`] = med(v.ratio);
         out[`${at}.raw_drain_msgs_per_s`] = med(v.raw_drain_msgs_per_s);
         out[`${at}.vs_raw_drain`] = med(v.sink_vs_raw_drain);
+        if (v.raw_drain_ack_all_msgs_per_s) {
+          out[`${at}.raw_drain_ack_all_msgs_per_s`] = med(v.raw_drain_ack_all_msgs_per_s);
+        }
+        for (const [what, us] of Object.entries(v.cpu_us_per_msg || {})) {
+          out[`${at}.cpu_us_per_msg.${what}`] = med(us);
+        }
       }
     }
     if (j.lag) {
