@@ -41,6 +41,14 @@ bool row_state(std::string_view state) {
   return cls == "22" || cls == "23";
 }
 
+// What an INSERT does where a key is stored already.
+enum class on_conflict {
+  fail,     // nothing: the statement fails with 23505 (the batch's first try: no key is
+            // expected to be there, and a plain INSERT is the cheapest)
+  nothing,  // the row is left out (RETURNING says which were written)
+  update,   // the stored row is overwritten
+};
+
 // At most this many rows per statement: 11 parameters each, and a statement takes 65,535.
 constexpr std::size_t k_rows_per_statement = 4096;
 
@@ -132,13 +140,38 @@ class postgres_target final : public target {
     if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
       if (auto r = open(); !r) return r.error();
     }
-    auto whole = write_batch(rows, mode, false);
-    if (whole || whole.error().code() != errc::bad_request) return whole;
+    // Most batches hold only new keys: one plain INSERT. A key stored already (a redelivery,
+    // or another message's key) makes it fail as a whole, and the batch is written again
+    // resolving each key.
+    auto fresh = write_new(rows);
+    if (fresh ||
+        (fresh.error().code() != errc::conflict && fresh.error().code() != errc::bad_request)) {
+      return fresh;
+    }
+    if (fresh.error().code() == errc::conflict) {
+      auto whole = write_batch(rows, mode, false);
+      if (whole || whole.error().code() != errc::bad_request) return whole;
+    }
     // A row was refused: find which, keep the rest.
     return write_batch(rows, mode, true);
   }
 
  private:
+  // One transaction: every row inserted, none of their keys stored before; `conflict` when
+  // one was.
+  result<batch_result> write_new(std::span<const row> rows) {
+    if (auto r = run("BEGIN", {}); !r) return abandon(r.error());
+    std::vector<std::size_t> all(rows.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) all[i] = i;
+    std::set<std::string, std::less<>> unused;
+    if (auto r = insert(rows, all, on_conflict::fail, unused); !r) return abandon(r.error());
+    if (auto r = run("COMMIT", {}); !r) return abandon(r.error());
+    batch_result out;
+    out.outcomes.assign(rows.size(), row_outcome::written);
+    out.reasons.resize(rows.size());
+    return out;
+  }
+
   // One transaction: the rows inserted where their keys are new (one statement, or one per
   // row under a savepoint to find a refused one), then, only for keys that were stored
   // already, their stored origin read and `mode` applied.
@@ -152,12 +185,12 @@ class postgres_target final : public target {
     for (std::size_t i = 0; i < rows.size(); ++i) all[i] = i;
     std::set<std::string, std::less<>> inserted;
     if (!one_by_one) {
-      auto r = insert(rows, all, false, inserted);
+      auto r = insert(rows, all, on_conflict::nothing, inserted);
       if (!r) return abandon(r.error());
     } else {
       for (auto i : all) {
         if (auto r = run("SAVEPOINT amp_row", {}); !r) return abandon(r.error());
-        auto r = insert(rows, {&i, 1}, false, inserted);
+        auto r = insert(rows, {&i, 1}, on_conflict::nothing, inserted);
         if (r) {
           if (auto s = run("RELEASE SAVEPOINT amp_row", {}); !s) return abandon(s.error());
           continue;
@@ -193,7 +226,9 @@ class postgres_target final : public target {
         }
       }
       if (!to_replace.empty()) {
-        if (auto r = insert(rows, to_replace, true, inserted); !r) return abandon(r.error());
+        if (auto r = insert(rows, to_replace, on_conflict::update, inserted); !r) {
+          return abandon(r.error());
+        }
       }
     }
     if (auto r = run("COMMIT", {}); !r) return abandon(r.error());
@@ -224,19 +259,19 @@ class postgres_target final : public target {
     return out;
   }
 
-  // Inserts the rows `which`: where a key is stored already, `replace` overwrites it and
-  // otherwise it is left as it is. Adds the keys written to `written`.
-  result<void> insert(std::span<const row> rows, std::span<const std::size_t> which, bool replace,
-                      std::set<std::string, std::less<>>& written) {
+  // Inserts the rows `which`, a key stored already handled as `conflict` says. Adds the keys
+  // written to `written` (but with on_conflict::fail, which writes all or fails).
+  result<void> insert(std::span<const row> rows, std::span<const std::size_t> which,
+                      on_conflict conflict, std::set<std::string, std::less<>>& written) {
     for (std::size_t first = 0; first < which.size(); first += k_rows_per_statement) {
       const auto part = which.subspan(first, std::min(k_rows_per_statement, which.size() - first));
-      if (auto r = insert_part(rows, part, replace, written); !r) return r;
+      if (auto r = insert_part(rows, part, conflict, written); !r) return r;
     }
     return {};
   }
 
   result<void> insert_part(std::span<const row> rows, std::span<const std::size_t> which,
-                           bool replace, std::set<std::string, std::less<>>& written) {
+                           on_conflict conflict, std::set<std::string, std::less<>>& written) {
     std::string sql = fmt::format("INSERT INTO \"{}\" ({}, committed_at) VALUES ", config_.table,
                                   fmt::join(k_columns, ", "));
     std::vector<std::string> seqs;
@@ -256,13 +291,15 @@ class postgres_target final : public target {
                      r.type.empty() ? nullptr : r.type.c_str(), r.ts.c_str(), r.body.c_str(),
                      r.headers.c_str()});
     }
-    sql += !replace
-               ? " ON CONFLICT (key) DO NOTHING RETURNING key"
-               : " ON CONFLICT (key) DO UPDATE SET stream = EXCLUDED.stream, seq = EXCLUDED.seq, "
-                 "subject = EXCLUDED.subject, topic = EXCLUDED.topic, msg_id = EXCLUDED.msg_id, "
-                 "sender = EXCLUDED.sender, type = EXCLUDED.type, ts = EXCLUDED.ts, body = "
-                 "EXCLUDED.body, headers = EXCLUDED.headers, committed_at = EXCLUDED.committed_at "
-                 "RETURNING key";
+    if (conflict == on_conflict::nothing) sql += " ON CONFLICT (key) DO NOTHING RETURNING key";
+    if (conflict == on_conflict::update) {
+      sql +=
+          " ON CONFLICT (key) DO UPDATE SET stream = EXCLUDED.stream, seq = EXCLUDED.seq, "
+          "subject = EXCLUDED.subject, topic = EXCLUDED.topic, msg_id = EXCLUDED.msg_id, "
+          "sender = EXCLUDED.sender, type = EXCLUDED.type, ts = EXCLUDED.ts, body = "
+          "EXCLUDED.body, headers = EXCLUDED.headers, committed_at = EXCLUDED.committed_at "
+          "RETURNING key";
+    }
     auto r = exec(sql, values);
     if (!r) return r.error();
     for (int i = 0; i < PQntuples(r->get()); ++i) written.emplace(PQgetvalue(r->get(), i, 0));
