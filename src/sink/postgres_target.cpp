@@ -49,6 +49,10 @@ enum class on_conflict {
   update,   // the stored row is overwritten
 };
 
+// At most this many batch sizes have a prepared INSERT per connection (a backlog makes
+// full batches, so few sizes recur).
+constexpr std::size_t k_max_prepared = 16;
+
 // At most this many rows per statement: 11 parameters each, and a statement takes 65,535.
 constexpr std::size_t k_rows_per_statement = 4096;
 
@@ -95,6 +99,7 @@ class postgres_target final : public target {
 
   result<void> open() override {
     conn_.reset();
+    prepared_.clear();
     // Settings in the DSN win over these (later settings override earlier).
     // A connection whose peer vanished is noticed within half a minute, not the minutes of
     // TCP's retransmissions.
@@ -272,24 +277,57 @@ class postgres_target final : public target {
 
   result<void> insert_part(std::span<const row> rows, std::span<const std::size_t> which,
                            on_conflict conflict, std::set<std::string, std::less<>>& written) {
-    std::string sql = fmt::format("INSERT INTO \"{}\" ({}, committed_at) VALUES ", config_.table,
-                                  fmt::join(k_columns, ", "));
     std::vector<std::string> seqs;
     seqs.reserve(which.size());
     std::vector<const char*> values;
     values.reserve(which.size() * k_params);
-    int n = 0;
-    for (std::size_t w = 0; w < which.size(); ++w) {
-      const auto& r = rows[which[w]];
-      sql += w == 0 ? "(" : ",(";
-      for (std::size_t c = 0; c < k_params; ++c) sql += fmt::format("${}{},", ++n, k_casts[c]);
-      sql += "now())";
+    for (const auto w : which) {
+      const auto& r = rows[w];
       seqs.push_back(std::to_string(r.seq));
       values.insert(values.end(),
                     {r.key.c_str(), r.stream.c_str(), seqs.back().c_str(), r.subject.c_str(),
                      r.topic ? r.topic->c_str() : nullptr, r.msg_id.c_str(), r.sender.c_str(),
                      r.type.empty() ? nullptr : r.type.c_str(), r.ts.c_str(), r.body.c_str(),
                      r.headers.c_str()});
+    }
+    // The plain INSERT of a batch's first try, one statement per batch size, is prepared
+    // once per connection: PostgreSQL then neither parses nor plans it again.
+    const bool prepare = conflict == on_conflict::fail &&
+                         (prepared_.contains(which.size()) || prepared_.size() < k_max_prepared);
+    const auto name = prepare ? fmt::format("amp_insert_{}", which.size()) : std::string();
+    if (prepare && prepared_.contains(which.size())) {
+      auto r = exec_prepared(name, values);
+      if (!r) return r.error();
+      return {};
+    }
+    const auto sql = insert_sql(which.size(), conflict);
+    if (prepare) {
+      if (!conn_) return away(describe() + ": not connected");
+      if (auto made = check(pg_result(PQprepare(conn_.get(), name.c_str(), sql.c_str(),
+                                                static_cast<int>(values.size()), nullptr)));
+          !made) {
+        return made.error();
+      }
+      prepared_.insert(which.size());
+      auto r = exec_prepared(name, values);
+      if (!r) return r.error();
+      return {};
+    }
+    auto r = exec(sql, values);
+    if (!r) return r.error();
+    for (int i = 0; i < PQntuples(r->get()); ++i) written.emplace(PQgetvalue(r->get(), i, 0));
+    return {};
+  }
+
+  // An INSERT of `n` rows of parameters, a key stored already handled as `conflict` says.
+  std::string insert_sql(std::size_t n, on_conflict conflict) const {
+    std::string sql = fmt::format("INSERT INTO \"{}\" ({}, committed_at) VALUES ", config_.table,
+                                  fmt::join(k_columns, ", "));
+    int p = 0;
+    for (std::size_t w = 0; w < n; ++w) {
+      sql += w == 0 ? "(" : ",(";
+      for (std::size_t c = 0; c < k_params; ++c) sql += fmt::format("${}{},", ++p, k_casts[c]);
+      sql += "now())";
     }
     if (conflict == on_conflict::nothing) sql += " ON CONFLICT (key) DO NOTHING RETURNING key";
     if (conflict == on_conflict::update) {
@@ -300,10 +338,7 @@ class postgres_target final : public target {
           "EXCLUDED.body, headers = EXCLUDED.headers, committed_at = EXCLUDED.committed_at "
           "RETURNING key";
     }
-    auto r = exec(sql, values);
-    if (!r) return r.error();
-    for (int i = 0; i < PQntuples(r->get()); ++i) written.emplace(PQgetvalue(r->get(), i, 0));
-    return {};
+    return sql;
   }
 
   static bool has_value(PGresult* r, std::string_view v) {
@@ -343,12 +378,22 @@ class postgres_target final : public target {
     return exec(sql, values);
   }
 
-  // `unavailable` for what may pass, `conflict` for a unique violation, `bad_request` for a
-  // row or statement PostgreSQL refuses.
   result<pg_result> exec(const std::string& sql, const std::vector<const char*>& values) {
     if (!conn_) return away(describe() + ": not connected");
-    pg_result r(PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(values.size()), nullptr,
-                             values.data(), nullptr, nullptr, 0));
+    return check(pg_result(PQexecParams(conn_.get(), sql.c_str(), static_cast<int>(values.size()),
+                                        nullptr, values.data(), nullptr, nullptr, 0)));
+  }
+
+  result<pg_result> exec_prepared(const std::string& name, const std::vector<const char*>& values) {
+    if (!conn_) return away(describe() + ": not connected");
+    return check(
+        pg_result(PQexecPrepared(conn_.get(), name.c_str(), static_cast<int>(values.size()),
+                                 values.data(), nullptr, nullptr, 0)));
+  }
+
+  // `r` when it succeeded; otherwise `unavailable` for what may pass, `conflict` for a unique
+  // violation, `bad_request` for a row or statement PostgreSQL refuses.
+  result<pg_result> check(pg_result r) {
     const auto status = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
     if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return r;
     const char* state = r ? PQresultErrorField(r.get(), PG_DIAG_SQLSTATE) : nullptr;
@@ -366,6 +411,7 @@ class postgres_target final : public target {
 
   target_config config_;
   conn_ptr conn_;
+  std::set<std::size_t> prepared_;  // batch sizes whose plain INSERT this connection prepared
 };
 
 }  // namespace
