@@ -35,7 +35,6 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -276,37 +275,19 @@ double sqlite_baseline(const std::string& path, const std::string& table,
 
 // ----- CPU spent ----------------------------------------------------------------------------
 
-// CPU seconds (user + system) of a process, from /proc/<pid>/stat; 0 when unreadable.
-double process_cpu_seconds(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  std::string text;
-  std::getline(in, text);
-  const auto paren = text.rfind(')');
-  if (paren == std::string::npos) return 0;
-  std::istringstream fields(text.substr(paren + 2));
-  std::string field;
-  unsigned long long user = 0, system = 0;
-  // After the command: state is field 3, utime 14, stime 15.
-  for (int i = 3; i <= 15 && fields >> field; ++i) {
-    if (i == 14) user = std::stoull(field);
-    if (i == 15) system = std::stoull(field);
-  }
-  return static_cast<double>(user + system) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
 // Microseconds of CPU per message that nats-server and this process spent over a phase.
 struct cpu_meter {
   pid_t server;
-  double server_start = process_cpu_seconds(server);
-  double self_start = process_cpu_seconds(::getpid());
+  double server_start = amp::bench::cpu_seconds(server);
+  double self_start = amp::bench::cpu_seconds_self();
 
   struct per_message {
     double server_us = 0;
     double self_us = 0;
   };
   per_message per(int n) const {
-    return {.server_us = (process_cpu_seconds(server) - server_start) * 1e6 / n,
-            .self_us = (process_cpu_seconds(::getpid()) - self_start) * 1e6 / n};
+    return {.server_us = (amp::bench::cpu_seconds(server) - server_start) * 1e6 / n,
+            .self_us = (amp::bench::cpu_seconds_self() - self_start) * 1e6 / n};
   }
 };
 

@@ -290,33 +290,35 @@ class postgres_target final : public target {
                      r.type.empty() ? nullptr : r.type.c_str(), r.ts.c_str(), r.body.c_str(),
                      r.headers.c_str()});
     }
-    // The plain INSERT of a batch's first try, one statement per batch size, is prepared
-    // once per connection: PostgreSQL then neither parses nor plans it again.
-    const bool prepare = conflict == on_conflict::fail &&
-                         (prepared_.contains(which.size()) || prepared_.size() < k_max_prepared);
-    const auto name = prepare ? fmt::format("amp_insert_{}", which.size()) : std::string();
-    if (prepare && prepared_.contains(which.size())) {
-      auto r = exec_prepared(name, values);
-      if (!r) return r.error();
-      return {};
+    if (conflict == on_conflict::fail) {
+      auto name = prepared_insert(which.size());
+      if (!name) return name.error();
+      if (!name->empty()) {
+        auto r = exec_prepared(*name, values);
+        if (!r) return r.error();
+        return {};
+      }
     }
     const auto sql = insert_sql(which.size(), conflict);
-    if (prepare) {
-      if (!conn_) return away(describe() + ": not connected");
-      if (auto made = check(pg_result(PQprepare(conn_.get(), name.c_str(), sql.c_str(),
-                                                static_cast<int>(values.size()), nullptr)));
-          !made) {
-        return made.error();
-      }
-      prepared_.insert(which.size());
-      auto r = exec_prepared(name, values);
-      if (!r) return r.error();
-      return {};
-    }
     auto r = exec(sql, values);
     if (!r) return r.error();
     for (int i = 0; i < PQntuples(r->get()); ++i) written.emplace(PQgetvalue(r->get(), i, 0));
     return {};
+  }
+
+  // The name of the plain INSERT of `n` rows, prepared on this connection (once: PostgreSQL
+  // then neither parses nor plans it again); empty when k_max_prepared sizes are already.
+  result<std::string> prepared_insert(std::size_t n) {
+    auto name = fmt::format("amp_insert_{}", n);
+    if (prepared_.contains(n)) return name;
+    if (prepared_.size() >= k_max_prepared) return std::string();
+    if (!conn_) return away(describe() + ": not connected");
+    const auto sql = insert_sql(n, on_conflict::fail);
+    auto made = check(pg_result(PQprepare(conn_.get(), name.c_str(), sql.c_str(),
+                                          static_cast<int>(n * k_params), nullptr)));
+    if (!made) return made.error();
+    prepared_.insert(n);
+    return name;
   }
 
   // An INSERT of `n` rows of parameters, a key stored already handled as `conflict` says.
