@@ -145,7 +145,7 @@ mapped map_message(const source_rules& rules, const message& m) {
 }
 
 std::string source_stream(const source_rules& rules) {
-  if (rules.kind == source_kind::tasks) return "KV_" + subjects::task_state_bucket();
+  if (rules.kind == source_kind::tasks) return kv_stream_name(subjects::task_state_bucket());
   return subjects::topics_stream(rules.ns);
 }
 

@@ -19,6 +19,7 @@
 namespace amp {
 namespace {
 
+using namespace std::chrono_literals;
 using detail::serial_queue;
 
 std::atomic<std::uint64_t> next_instance_id{0};
@@ -57,6 +58,7 @@ struct consumer_state;
 struct stored_message {
   message msg;  // stream, subject, data, headers, seq, time
   std::size_t bytes = 0;
+  std::optional<time_point> expires;     // a KV revision's per-key TTL
   std::vector<consumer_state*> holders;  // the consumers that have it pending
 };
 
@@ -171,21 +173,18 @@ struct stream_state_impl {
   }
 };
 
-struct kv_revision {
-  kv_entry entry;
-  std::optional<time_point> expires;  // per-key TTL
-};
-
 struct kv_watcher {
   std::string filter;
   std::shared_ptr<serial_queue> queue;
   std::function<void(const kv_entry&)> on_entry;
 };
 
+// A bucket's revisions are the messages of its stream (`kv_stream_name`), as on JetStream,
+// so that consumers read them like any stream's; the bucket keeps the rest.
 struct bucket_state {
   kv_config config;
-  std::uint64_t seq = 0;
-  std::map<std::string, std::vector<kv_revision>, std::less<>> keys;
+  std::string stream;  // kv_stream_name(bucket)
+  std::string prefix;  // "$KV.<bucket>."
   std::vector<std::shared_ptr<kv_watcher>> watchers;
   std::map<std::string, timer_id, std::less<>> ttl_timers;  // per key: its latest TTL
 };
@@ -239,6 +238,14 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       }
       return info(it->second);
     }
+    if (auto free = check_subjects_free(config); !free) return free.error();
+    auto& s = streams_[config.name];
+    s.config = config;
+    return info(s);
+  }
+
+  // No other stream may capture a subject of `config`'s.
+  result<void> check_subjects_free(const stream_config& config) const {
     for (const auto& [name, other] : streams_) {
       for (const auto& mine : config.subjects) {
         for (const auto& theirs : other.config.subjects) {
@@ -250,9 +257,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
         }
       }
     }
-    auto& s = streams_[config.name];
-    s.config = config;
-    return info(s);
+    return {};
   }
 
   result<stream_info> do_update_stream(const stream_config& config) override {
@@ -264,6 +269,13 @@ class memory_backend final : public transport, public std::enable_shared_from_th
                         fmt::format("stream \"{}\": its {} cannot be changed", config.name, fixed));
     }
     s->config = config;
+    // A bucket's settings are its stream's, as on JetStream.
+    if (auto* b = bucket_of_stream(config.name)) {
+      b->config.history = static_cast<int>(config.max_msgs_per_subject);
+      b->config.ttl = config.max_age;
+      b->config.max_value_size = config.max_msg_size > 0 ? config.max_msg_size : -1;
+      b->config.replicas = config.replicas;
+    }
     expire_messages(*s);
     trim_subjects(*s);
     trim_to_limits(*s);
@@ -281,15 +293,22 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   result<void> do_delete_stream(std::string_view stream) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
-    auto it = streams_.find(std::string(stream));
+    auto it = streams_.find(stream);
     if (it == streams_.end()) return missing("stream", stream);
+    // A bucket's stream takes the bucket with it, as on JetStream.
+    if (auto* b = bucket_of_stream(stream)) drop_bucket(buckets_.find(b->config.bucket));
+    drop_stream(it, after);
+    return {};
+  }
+
+  void drop_stream(std::map<std::string, stream_state_impl, std::less<>>::iterator it,
+                   deferred& after) {
     for (auto& [cname, c] : it->second.consumers) {
       fail_waiters(c, cname, after);
       if (c.idle_timer) clock_->cancel(c.idle_timer);
     }
     for (auto& sub : it->second.subs) sub->queue->stop();
     streams_.erase(it);
-    return {};
   }
 
   result<std::map<std::string, std::uint64_t>> do_stream_subjects(
@@ -566,21 +585,39 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       }
       return {};
     }
-    buckets_[config.bucket].config = config;
+    auto sc = kv_stream_config(config);
+    if (find_stream(sc.name)) {
+      return unexpected(
+          errc::conflict,
+          fmt::format("stream \"{}\" exists and is not bucket \"{}\"'s", sc.name, config.bucket));
+    }
+    if (auto free = check_subjects_free(sc); !free) return free.error();
+    streams_[sc.name].config = sc;
+    auto& b = buckets_[config.bucket];
+    b.config = config;
+    b.stream = sc.name;
+    b.prefix = kv_subject_of(config.bucket, "");
     return {};
   }
 
   result<void> do_delete_bucket(std::string_view bucket) override {
+    deferred after(sink_);
     std::lock_guard lock(mu_);
-    auto it = buckets_.find(std::string(bucket));
+    auto it = buckets_.find(bucket);
     if (it == buckets_.end()) return missing("bucket", bucket);
+    auto stream = streams_.find(it->second.stream);
+    drop_bucket(it);
+    if (stream != streams_.end()) drop_stream(stream, after);
+    return {};
+  }
+
+  void drop_bucket(std::map<std::string, bucket_state, std::less<>>::iterator it) {
     for (auto& w : it->second.watchers) w->queue->stop();
     for (auto& [key, id] : it->second.ttl_timers) {
       clock_->cancel(id);
       ttl_timers_.erase(id);
     }
     buckets_.erase(it);
-    return {};
   }
 
   void do_async_kv_get(std::string_view bucket, std::string_view key,
@@ -635,11 +672,11 @@ class memory_backend final : public transport, public std::enable_shared_from_th
                          completion<void> done) override {
     deferred after(sink_);
     std::lock_guard lock(mu_);
-    auto r = kv_erase_locked(bucket, key);
+    auto r = kv_erase_locked(bucket, key, after);
     after.complete<void>(std::move(done), std::move(r));
   }
 
-  result<void> kv_erase_locked(std::string_view bucket, std::string_view key) {
+  result<void> kv_erase_locked(std::string_view bucket, std::string_view key, deferred& after) {
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
     if (auto t = b->ttl_timers.find(key); t != b->ttl_timers.end()) {
@@ -647,7 +684,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       ttl_timers_.erase(t->second);
       b->ttl_timers.erase(t);
     }
-    if (auto it = b->keys.find(key); it != b->keys.end()) b->keys.erase(it);
+    remove_subject(stream_of(*b), b->prefix + std::string(key), after);
     return {};
   }
 
@@ -657,10 +694,14 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
     expire_bucket(*b, after);
+    const auto& s = stream_of(*b);
     std::vector<std::string> keys;
-    for (const auto& [key, revs] : b->keys) {
-      if (!revs.empty() && revs.back().entry.op == kv_op::put) keys.push_back(key);
+    for (const auto& [subject, seqs] : s.by_subject) {
+      if (!seqs.empty() && op_of(s.msgs.at(*seqs.rbegin()).msg.headers) == kv_op::put) {
+        keys.push_back(subject.substr(b->prefix.size()));
+      }
     }
+    std::sort(keys.begin(), keys.end());
     return keys;
   }
 
@@ -670,11 +711,14 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     std::lock_guard lock(mu_);
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
-    auto it = b->keys.find(key);
-    if (it != b->keys.end()) expire_key(*b, it->first, it->second, clock_->now(), after);
-    if (it == b->keys.end() || it->second.empty()) return missing("key", key);
+    auto& s = stream_of(*b);
+    const auto subject = b->prefix + std::string(key);
+    expire_messages(s);
+    expire_key(*b, s, subject, after);
+    auto it = s.by_subject.find(subject);
+    if (it == s.by_subject.end() || it->second.empty()) return missing("key", key);
     std::vector<kv_entry> out;
-    for (const auto& rev : it->second) out.push_back(rev.entry);
+    for (auto seq : it->second) out.push_back(entry_of(*b, s.msgs.at(seq).msg));
     return out;
   }
 
@@ -692,19 +736,21 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (!b) return missing("bucket", bucket);
     expire_bucket(*b, after);
     if (!options.updates_only) {
-      std::vector<kv_entry> initial;
-      for (const auto& [key, revs] : b->keys) {
-        if (revs.empty() || !subjects::subject_matches(filter, key)) continue;
+      const auto& s = stream_of(*b);
+      std::vector<std::uint64_t> initial;
+      for (const auto& [subject, seqs] : s.by_subject) {
+        if (seqs.empty() ||
+            !subjects::subject_matches(filter, std::string_view(subject).substr(b->prefix.size())))
+          continue;
         if (options.include_history) {
-          for (const auto& rev : revs) initial.push_back(rev.entry);
-        } else if (revs.back().entry.op == kv_op::put) {
-          initial.push_back(revs.back().entry);
+          initial.insert(initial.end(), seqs.begin(), seqs.end());
+        } else if (op_of(s.msgs.at(*seqs.rbegin()).msg.headers) == kv_op::put) {
+          initial.push_back(*seqs.rbegin());
         }
       }
-      std::sort(initial.begin(), initial.end(),
-                [](const auto& a, const auto& b2) { return a.revision < b2.revision; });
-      for (auto& e : initial) {
-        w->queue->push([w, e = std::move(e)] { w->on_entry(e); });
+      std::sort(initial.begin(), initial.end());
+      for (auto seq : initial) {
+        w->queue->push([w, e = entry_of(*b, s.msgs.at(seq).msg)] { w->on_entry(e); });
       }
     }
     if (handlers.on_caught_up) w->queue->push(std::move(handlers.on_caught_up));
@@ -814,12 +860,12 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   // What JetStream counts against max_msg_size besides the data: the header block as sent
   // ("NATS/1.0", a line per header, Nats-Msg-Id among them, and the blank line).
-  static std::size_t header_block_bytes(const outgoing_message& m) {
-    if (m.headers.empty() && m.msg_id.empty()) return 0;
+  static std::size_t header_block_bytes(const outgoing_message& m, std::string_view msg_id) {
+    if (m.headers.empty() && msg_id.empty()) return 0;
     constexpr std::string_view k_status_line = "NATS/1.0\r\n";
     std::size_t n = k_status_line.size() + 2;
     for (const auto& [k, v] : m.headers) n += k.size() + 2 + v.size() + 2;
-    if (!m.msg_id.empty()) n += detail::k_msg_id_header.size() + 2 + m.msg_id.size() + 2;
+    if (!msg_id.empty()) n += detail::k_msg_id_header.size() + 2 + msg_id.size() + 2;
     return n;
   }
 
@@ -875,7 +921,6 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   }
 
   result<publish_ack> publish_locked(outgoing_message msg, deferred& after) {
-    tell_core_subs(msg, after);
     stream_state_impl* s = nullptr;
     const std::string* stream_name = nullptr;  // the key of `s` in streams_
     for (auto& [name, candidate] : streams_) {
@@ -886,6 +931,16 @@ class memory_backend final : public transport, public std::enable_shared_from_th
         }
       }
     }
+    // On a bucket's subject, a KV write (which its watchers hear), as on JetStream.
+    if (auto* b = s ? bucket_of_stream(*stream_name) : nullptr) {
+      std::string key = msg.subject.substr(b->prefix.size());
+      const auto op = op_of(msg.headers);
+      auto revision =
+          kv_write(*b, key, op, std::move(msg.data), std::nullopt, write_rule::any, 0, after);
+      if (!revision) return revision.error();
+      return publish_ack{.stream = *stream_name, .seq = *revision, .duplicate = false};
+    }
+    tell_core_subs(msg, after);
     if (!s) {
       return unexpected(errc::not_found,
                         fmt::format("no stream captures subject \"{}\"", msg.subject));
@@ -895,17 +950,18 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     expire_messages(*s);
     // The id's entry is made by the one lookup that finds a duplicate, and taken back if the
     // message is refused.
-    const bool keyed = !msg.msg_id.empty();
+    std::string id = std::move(msg.msg_id);
+    const bool keyed = !id.empty();
     decltype(s->dedup)::iterator id_entry;
     if (keyed) {
       while (!s->dedup_order.empty() &&
              s->dedup_order.front().first + cfg.duplicate_window <= now) {
-        auto& [t, id] = s->dedup_order.front();
-        auto it = s->dedup.find(id);
+        auto& [t, old] = s->dedup_order.front();
+        auto it = s->dedup.find(old);
         if (it != s->dedup.end() && it->second.second == t) s->dedup.erase(it);
         s->dedup_order.pop_front();
       }
-      auto [it, fresh] = s->dedup.try_emplace(msg.msg_id, 0, now);
+      auto [it, fresh] = s->dedup.try_emplace(id, 0, now);
       if (!fresh) {
         return publish_ack{.stream = *stream_name, .seq = it->second.first, .duplicate = true};
       }
@@ -915,53 +971,67 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       if (keyed) s->dedup.erase(id_entry);
       return unexpected(code, std::move(why));
     };
-    if (const auto size = msg.data.size() + header_block_bytes(msg);
+    if (const auto size = msg.data.size() + header_block_bytes(msg, id);
         cfg.max_msg_size > 0 && size > static_cast<std::size_t>(cfg.max_msg_size)) {
       return refuse(errc::payload_too_large,
                     fmt::format("message of {} bytes with its headers exceeds max_msg_size {} of "
                                 "stream \"{}\"",
                                 size, cfg.max_msg_size, *stream_name));
     }
-    auto bytes = message_bytes(msg);
-    auto& same_subject = s->by_subject[msg.subject];
     if (cfg.discard == discard_policy::new_messages) {
-      bool full =
-          (cfg.max_msgs > 0 && s->msgs.size() >= static_cast<std::size_t>(cfg.max_msgs)) ||
-          (cfg.max_bytes > 0 && s->bytes + bytes > static_cast<std::uint64_t>(cfg.max_bytes)) ||
-          (cfg.max_msgs_per_subject > 0 &&
-           same_subject.size() >= static_cast<std::size_t>(cfg.max_msgs_per_subject));
+      // A subject at its own limit makes room for the message by dropping its oldest, so
+      // only the stream's limits refuse it (JetStream 2.9; it has no discard_new_per_subject).
+      const auto bytes = message_bytes(msg);
+      auto same = s->by_subject.find(msg.subject);
+      const bool subject_full =
+          cfg.max_msgs_per_subject > 0 && same != s->by_subject.end() &&
+          same->second.size() >= static_cast<std::size_t>(cfg.max_msgs_per_subject);
+      const bool full =
+          (!subject_full && cfg.max_msgs > 0 &&
+           s->msgs.size() >= static_cast<std::size_t>(cfg.max_msgs)) ||
+          (cfg.max_bytes > 0 && s->bytes + bytes > static_cast<std::uint64_t>(cfg.max_bytes));
       if (full) {
-        if (same_subject.empty()) s->by_subject.erase(msg.subject);
         return refuse(errc::limit_exceeded, fmt::format("stream \"{}\" is full", *stream_name));
       }
     }
-    auto seq = ++s->last_seq;
-    same_subject.insert(seq);
+    auto seq = store(*s, *stream_name, std::move(msg), std::nullopt, after);
     if (keyed) {
       id_entry->second.first = seq;
-      s->dedup_order.emplace_back(now, std::move(msg.msg_id));
+      s->dedup_order.emplace_back(now, std::move(id));
     }
-    auto& stored = s->msgs[seq];
+    return publish_ack{.stream = *stream_name, .seq = seq, .duplicate = false};
+  }
+
+  // Stores `msg` as the stream's next message, within its limits, and hands it to the
+  // ordered subscriptions and waiting fetches that match. Returns its sequence.
+  std::uint64_t store(stream_state_impl& s, const std::string& stream_name, outgoing_message msg,
+                      std::optional<time_point> expires, deferred& after) {
+    const auto& cfg = s.config;
+    const auto seq = ++s.last_seq;
+    const auto bytes = message_bytes(msg);
+    s.by_subject[msg.subject].insert(seq);
+    auto& stored = s.msgs[seq];
     stored.bytes = bytes;
-    stored.msg.stream = *stream_name;
+    stored.expires = expires;
+    stored.msg.stream = stream_name;
     stored.msg.subject = std::move(msg.subject);
     stored.msg.data = std::move(msg.data);
     stored.msg.headers = std::move(msg.headers);
     stored.msg.seq = seq;
-    stored.msg.time = now;
-    s->bytes += bytes;
+    stored.msg.time = clock_->now();
+    s.bytes += bytes;
     const auto subject = stored.msg.subject;
     if (cfg.max_msgs_per_subject > 0) {
-      auto& subj = s->by_subject[subject];
+      auto& subj = s.by_subject[subject];
       while (subj.size() > static_cast<std::size_t>(cfg.max_msgs_per_subject)) {
-        remove_message(*s, *subj.begin());
+        remove_message(s, *subj.begin());
       }
     }
-    trim_to_limits(*s);
-    if (auto kept = s->msgs.find(seq); kept != s->msgs.end()) {
+    trim_to_limits(s);
+    if (auto kept = s.msgs.find(seq); kept != s.msgs.end()) {
       const auto& stored_msg = kept->second.msg;
-      std::erase_if(s->subs, [](const auto& x) { return x->queue->stopped(); });
-      for (auto& sub : s->subs) {
+      std::erase_if(s.subs, [](const auto& x) { return x->queue->stopped(); });
+      for (auto& sub : s.subs) {
         if (subjects::subject_matches(sub->filter, subject) && seq >= sub->first_seq &&
             stored_msg.time >= sub->not_before) {
           push_message(*sub, stored_msg);
@@ -969,13 +1039,13 @@ class memory_backend final : public transport, public std::enable_shared_from_th
         }
       }
       std::vector<consumer_state*> waiting;
-      s->for_each_matching(subject, [&](consumer_state& c) {
+      s.for_each_matching(subject, [&](consumer_state& c) {
         if (!c.waiters.empty()) waiting.push_back(&c);
       });
       std::sort(waiting.begin(), waiting.end(), by_durable{});  // served in name order
-      for (auto* c : waiting) serve_waiters(*s, *c, after);
+      for (auto* c : waiting) serve_waiters(s, *c, after);
     }
-    return publish_ack{.stream = *stream_name, .seq = seq, .duplicate = false};
+    return seq;
   }
 
   static void push_message(ordered_sub& sub, const message& m) {
@@ -1285,66 +1355,147 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     return it == buckets_.end() ? nullptr : &it->second;
   }
 
+  // The bucket whose revisions `stream` keeps, if any.
+  bucket_state* bucket_of_stream(std::string_view stream) {
+    constexpr std::string_view k_prefix = "KV_";
+    if (!stream.starts_with(k_prefix)) return nullptr;
+    auto* b = find_bucket(stream.substr(k_prefix.size()));
+    return b && b->stream == stream ? b : nullptr;
+  }
+
+  stream_state_impl& stream_of(const bucket_state& b) { return streams_.find(b.stream)->second; }
+
+  // The stream of a bucket, configured as JetStream's KV makes it.
+  static stream_config kv_stream_config(const kv_config& c) {
+    return {.name = kv_stream_name(c.bucket),
+            .subjects = {kv_subject_of(c.bucket, ">")},
+            .retention = retention_policy::limits,
+            .storage = c.storage,
+            .max_msgs = -1,
+            .max_bytes = -1,
+            .max_msgs_per_subject = c.history,
+            .max_msg_size = c.max_value_size > 0 ? c.max_value_size : -1,
+            .max_age = c.ttl,
+            .discard = discard_policy::new_messages,
+            .duplicate_window = c.ttl > duration::zero() ? std::min<duration>(c.ttl, 2min) : 2min,
+            .replicas = c.replicas};
+  }
+
+  static constexpr std::string_view k_kv_operation = "KV-Operation";
+  static constexpr std::string_view k_marker_reason = "Nats-Marker-Reason";
+
+  static kv_op op_of(const header_list& headers) {
+    auto value = [&](std::string_view name) -> std::string_view {
+      for (const auto& [k, v] : headers) {
+        if (k == name) return v;
+      }
+      return {};
+    };
+    const auto op = value(k_kv_operation);
+    if (op == "DEL") return kv_op::del;
+    if (op == "PURGE") return value(k_marker_reason) == "MaxAge" ? kv_op::expired : kv_op::purge;
+    return kv_op::put;
+  }
+
+  static header_list markers(kv_op op) {
+    switch (op) {
+      case kv_op::put: return {};
+      case kv_op::del: return {{std::string(k_kv_operation), "DEL"}};
+      case kv_op::purge: return {{std::string(k_kv_operation), "PURGE"}};
+      case kv_op::expired:
+        return {{std::string(k_kv_operation), "PURGE"}, {std::string(k_marker_reason), "MaxAge"}};
+    }
+    return {};
+  }
+
+  static kv_entry entry_of(const bucket_state& b, const message& m) {
+    return {.bucket = b.config.bucket,
+            .key = m.subject.substr(b.prefix.size()),
+            .value = m.data,
+            .revision = m.seq,
+            .created = m.time,
+            .op = op_of(m.headers)};
+  }
+
+  // The key's latest revision, or null.
+  static const stored_message* latest(const stream_state_impl& s, const std::string& subject) {
+    auto it = s.by_subject.find(subject);
+    if (it == s.by_subject.end() || it->second.empty()) return nullptr;
+    return &s.msgs.at(*it->second.rbegin());
+  }
+
+  // Removes every revision of a key; consumers that held one may take what follows.
+  void remove_subject(stream_state_impl& s, const std::string& subject, deferred& after) {
+    auto it = s.by_subject.find(subject);
+    if (it == s.by_subject.end()) return;
+    const std::vector<std::uint64_t> seqs(it->second.begin(), it->second.end());
+    std::vector<consumer_state*> holders;
+    for (auto seq : seqs) {
+      const auto& h = s.msgs.at(seq).holders;
+      holders.insert(holders.end(), h.begin(), h.end());
+      remove_message(s, seq);
+    }
+    std::sort(holders.begin(), holders.end());
+    holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+    for (auto* c : holders) serve_waiters(s, *c, after);
+  }
+
   // Applies the bucket TTL and due per-key TTLs.
   void expire_bucket(bucket_state& b, deferred& after) {
-    auto now = clock_->now();
-    for (auto it = b.keys.begin(); it != b.keys.end();) {
-      expire_key(b, it->first, it->second, now, after);
-      it = it->second.empty() ? b.keys.erase(it) : std::next(it);
-    }
+    auto& s = stream_of(b);
+    expire_messages(s);
+    std::vector<std::string> subjects;
+    for (const auto& [subject, seqs] : s.by_subject) subjects.push_back(subject);
+    for (const auto& subject : subjects) expire_key(b, s, subject, after);
   }
 
-  void expire_key(bucket_state& b, const std::string& key, std::vector<kv_revision>& revs,
-                  time_point now, deferred& after) {
-    if (revs.empty()) return;
-    auto latest = revs.back().entry.revision;
-    bool latest_expired_by_ttl =
-        revs.back().expires && *revs.back().expires <= now && revs.back().entry.op == kv_op::put;
-    std::erase_if(revs, [&](const kv_revision& r) {
-      return (r.expires && *r.expires <= now) ||
-             (b.config.ttl > duration::zero() && r.entry.created + b.config.ttl <= now);
-    });
-    if (latest_expired_by_ttl && (revs.empty() || revs.back().entry.revision != latest)) {
-      revs.clear();
-      append(b, key, kv_op::expired, {}, std::nullopt, after);
+  // Removes the key's revisions whose per-key TTL ran out; when that was its latest value,
+  // an `expired` marker takes the place of what is left.
+  void expire_key(bucket_state& b, stream_state_impl& s, const std::string& subject,
+                  deferred& after) {
+    const auto* last = latest(s, subject);
+    if (!last) return;
+    const auto now = clock_->now();
+    const bool value_expired =
+        last->expires && *last->expires <= now && op_of(last->msg.headers) == kv_op::put;
+    std::vector<std::uint64_t> gone;
+    for (auto seq : s.by_subject.at(subject)) {
+      const auto& m = s.msgs.at(seq);
+      if (m.expires && *m.expires <= now) gone.push_back(seq);
     }
+    for (auto seq : gone) remove_message(s, seq);
+    if (value_expired) append(b, s, subject, kv_op::expired, {}, std::nullopt, after);
   }
 
-  void append(bucket_state& b, const std::string& key, kv_op op, std::string value,
-              std::optional<time_point> expires, deferred& after) {
-    auto& revs = b.keys[key];
-    if (op == kv_op::purge || op == kv_op::expired) revs.clear();
-    kv_revision rev;
-    rev.entry.bucket = b.config.bucket;
-    rev.entry.key = key;
-    rev.entry.value = std::move(value);
-    rev.entry.revision = ++b.seq;
-    rev.entry.created = clock_->now();
-    rev.entry.op = op;
-    rev.expires = expires;
-    revs.push_back(std::move(rev));
-    if (auto history = static_cast<std::size_t>(b.config.history); revs.size() > history) {
-      revs.erase(revs.begin(), revs.end() - static_cast<std::ptrdiff_t>(history));
-    }
-    const kv_entry& written = revs.back().entry;
+  // Stores a revision of the key on `subject` and tells the watchers. A purge or an expiry
+  // first removes the key's earlier revisions.
+  std::uint64_t append(bucket_state& b, stream_state_impl& s, const std::string& subject, kv_op op,
+                       std::string value, std::optional<time_point> expires, deferred& after) {
+    if (op == kv_op::purge || op == kv_op::expired) remove_subject(s, subject, after);
+    outgoing_message m{.subject = subject, .data = std::move(value), .headers = markers(op)};
+    tell_core_subs(m, after);
+    const auto seq = store(s, b.stream, std::move(m), expires, after);
+    const auto key = std::string_view(subject).substr(b.prefix.size());
     std::erase_if(b.watchers, [](const auto& w) { return w->queue->stopped(); });
     for (auto& w : b.watchers) {
       if (subjects::subject_matches(w->filter, key)) {
-        w->queue->push([w, e = written] { w->on_entry(e); });
+        w->queue->push([w, e = entry_of(b, s.msgs.at(seq).msg)] { w->on_entry(e); });
         after.drain(w->queue);
       }
     }
+    return seq;
   }
 
   result<kv_entry> kv_get_locked(std::string_view bucket, std::string_view key, deferred& after) {
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
-    auto it = b->keys.find(key);
-    if (it != b->keys.end()) expire_key(*b, it->first, it->second, clock_->now(), after);
-    if (it == b->keys.end() || it->second.empty() || it->second.back().entry.op != kv_op::put) {
-      return missing("key", key);
-    }
-    return it->second.back().entry;
+    auto& s = stream_of(*b);
+    const auto subject = b->prefix + std::string(key);
+    expire_messages(s);
+    expire_key(*b, s, subject, after);
+    const auto* last = latest(s, subject);
+    if (!last || op_of(last->msg.headers) != kv_op::put) return missing("key", key);
+    return entry_of(*b, last->msg);
   }
 
   result<std::uint64_t> kv_write(std::string_view bucket, std::string_view key, kv_op op,
@@ -1352,32 +1503,36 @@ class memory_backend final : public transport, public std::enable_shared_from_th
                                  std::uint64_t expected, deferred& after) {
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
-    if (b->config.max_value_size > 0 &&
-        value.size() > static_cast<std::size_t>(b->config.max_value_size)) {
+    return kv_write(*b, key, op, std::move(value), ttl, rule, expected, after);
+  }
+
+  result<std::uint64_t> kv_write(bucket_state& b, std::string_view key, kv_op op, std::string value,
+                                 std::optional<duration> ttl, write_rule rule,
+                                 std::uint64_t expected, deferred& after) {
+    if (b.config.max_value_size > 0 &&
+        value.size() > static_cast<std::size_t>(b.config.max_value_size)) {
       return unexpected(errc::payload_too_large,
                         fmt::format("value of {} bytes exceeds max_value_size {} of bucket \"{}\"",
-                                    value.size(), b->config.max_value_size, bucket));
+                                    value.size(), b.config.max_value_size, b.config.bucket));
     }
-    auto now = clock_->now();
-    auto it = b->keys.find(key);
-    if (it != b->keys.end()) expire_key(*b, it->first, it->second, now, after);
-    const kv_revision* last =
-        (it == b->keys.end() || it->second.empty()) ? nullptr : &it->second.back();
-    if (rule == write_rule::create && last && last->entry.op == kv_op::put) {
+    auto& s = stream_of(b);
+    const auto subject = b.prefix + std::string(key);
+    expire_messages(s);
+    expire_key(b, s, subject, after);
+    const auto* last = latest(s, subject);
+    if (rule == write_rule::create && last && op_of(last->msg.headers) == kv_op::put) {
       return unexpected(errc::conflict,
-                        fmt::format("key \"{}\" exists (revision {})", key, last->entry.revision));
+                        fmt::format("key \"{}\" exists (revision {})", key, last->msg.seq));
     }
-    if (rule == write_rule::update && (!last || last->entry.revision != expected)) {
+    if (rule == write_rule::update && (!last || last->msg.seq != expected)) {
       return unexpected(errc::conflict,
                         fmt::format("key \"{}\": wrong last revision {} (expected {})", key,
-                                    last ? last->entry.revision : 0, expected));
+                                    last ? last->msg.seq : 0, expected));
     }
     std::optional<time_point> expires;
-    if (ttl) expires = now + *ttl;
-    std::string k(key);
-    append(*b, k, op, std::move(value), expires, after);
-    auto revision = b->seq;
-    if (expires) arm_ttl(*b, k, *expires);
+    if (ttl) expires = clock_->now() + *ttl;
+    const auto revision = append(b, s, subject, op, std::move(value), expires, after);
+    if (expires) arm_ttl(b, std::string(key), *expires);
     return revision;
   }
 
@@ -1397,10 +1552,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       if (auto t = in->ttl_timers.find(key); t != in->ttl_timers.end() && t->second == *id) {
         in->ttl_timers.erase(t);
       }
-      auto it = in->keys.find(key);
-      if (it == in->keys.end()) return;
-      self->expire_key(*in, it->first, it->second, self->clock_->now(), after);
-      if (it->second.empty()) in->keys.erase(it);
+      self->expire_key(*in, self->stream_of(*in), in->prefix + key, after);
     });
     auto [t, fresh] = b.ttl_timers.try_emplace(key, *id);
     if (!fresh) {

@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <set>
+
+#include "amp/broker/job_queue.hpp"
 #include "amp/broker/topics.hpp"
 #include "amp/sink/sink.hpp"
 
@@ -500,4 +502,58 @@ TEST_CASE("a message folded into another one with its key waits for that one's f
   CHECK(find_header(dead[0].headers, "Amp-Dlq-Seq") == std::to_string(poison));
   // JetStream's own headers stay behind.
   CHECK_FALSE(find_header(dead[0].headers, "Nats-Msg-Id"));
+}
+
+TEST_CASE("ended tasks are written once each on the memory transport too", "[sink][tasks]") {
+  rig r;
+  auto jobs = job_queue::open(r.t, {.ns = rig::events_ns()}).value();
+  auto c = r.config({});
+  c.kind = sink::source_kind::tasks;
+  c.strategy = sink::key_strategy::message_id;
+  c.targets[0].table = "tasks";
+  const auto alice = participant_name::make("alice").value();
+  const auto worker = participant_name::make("worker").value();
+  const auto review = job_name::make("review").value();
+  auto done = jobs->submit({.job = review, .from = alice, .body = R"({"doc":1})"}).value();
+  auto failed = jobs->submit({.job = review, .from = alice, .body = R"({"doc":2})"}).value();
+  auto cancelled = jobs->submit({.job = review, .from = alice, .body = R"({"doc":3})"}).value();
+  auto running = jobs->submit({.job = review, .from = alice, .body = R"({"doc":4})"}).value();
+  REQUIRE(jobs->cancel(cancelled.task, {.who = alice}));
+  std::set<std::string> claimed;
+  const auto offers = jobs->fetch(review, 4, 0ms).value();
+  for (const auto& o : offers) {
+    if (jobs->claim(o, worker)) claimed.insert(o.task.task);
+  }
+  REQUIRE(claimed.size() == 3);
+  REQUIRE(jobs->complete(done.task, worker, R"({"ok":true})"));
+  REQUIRE(jobs->fail(failed.task, worker, {.code = "bad", .message = "no"}, false, 0s));
+
+  auto s = r.make(c);
+  REQUIRE(r.step(*s) == sink::step_result::committed);
+  auto rows = sqlite_rows(r.db, "tasks");
+  REQUIRE(rows.size() == 3);
+  CHECK(rows.count(running.task.str()) == 0);
+  const auto& row = rows.at(cancelled.task.str());
+  CHECK(row.at("stream") == "KV_AMP_TASK_STATE");
+  CHECK(row.at("subject") == "$KV.AMP_TASK_STATE.demo." + cancelled.task.str());
+  CHECK(row.at("sender") == "alice");
+  CHECK(row.at("type") == "review");
+  CHECK(row.at("topic") == "<null>");
+  CHECK(row.at("body").find(R"("state":"cancelled")") != std::string::npos);
+  CHECK(rows.at(done.task.str()).at("body").find(R"("state":"completed")") != std::string::npos);
+  CHECK(rows.at(failed.task.str()).at("body").find(R"("state":"failed")") != std::string::npos);
+  // Read to the end, and acknowledged: the running task ending later is the only row to come.
+  r.step(*s);
+  const auto info = r.t->consumer_info_of("KV_AMP_TASK_STATE", "archive").value();
+  CHECK(info.num_pending == 0);
+  CHECK(info.num_ack_pending == 0);
+  REQUIRE(jobs->cancel(running.task, {.who = alice}));
+  REQUIRE(r.step(*s) == sink::step_result::committed);
+  rows = sqlite_rows(r.db, "tasks");
+  CHECK(rows.size() == 4);
+  CHECK(rows.count(running.task.str()) == 1);
+  CHECK(s->stats().committed == 4);
+  // Each ended once: the revision that marks the canceller as told is passed over.
+  CHECK(s->stats().duplicates_skipped == 0);
+  CHECK(s->stats().passed_over > 0);
 }

@@ -235,6 +235,21 @@ struct replay_request {
   time_point start_time{};
 };
 
+/// The stream that keeps bucket `bucket`'s revisions, on every backend (as on JetStream):
+/// `KV_<bucket>`, capturing `$KV.<bucket>.<key>`, one message per revision (its sequence is
+/// the revision), markers carrying the header `KV-Operation` `DEL` or `PURGE`. Consumers may
+/// read it like any stream; writes belong to the `kv_*` calls.
+inline std::string kv_stream_name(std::string_view bucket) {
+  return "KV_" + std::string(bucket);
+}
+
+/// The subject of `key`'s revisions in bucket `bucket`'s stream.
+inline std::string kv_subject_of(std::string_view bucket, std::string_view key) {
+  std::string s = "$KV.";
+  s.append(bucket).append(".").append(key);
+  return s;
+}
+
 /// Configuration of a KV bucket.
 struct kv_config {
   std::string bucket{};             ///< `[A-Za-z0-9_-]+`

@@ -374,11 +374,11 @@ std::string differing_setting(const consumer_config& have, const consumer_config
 }
 
 std::string kv_stream(std::string_view bucket) {
-  return fmt::format("KV_{}", bucket);
+  return kv_stream_name(bucket);
 }
 
 std::string kv_subject(std::string_view bucket, std::string_view key) {
-  return fmt::format("$KV.{}.{}", bucket, key);
+  return kv_subject_of(bucket, key);
 }
 
 kv_op op_from_header(std::string_view v) {

@@ -177,6 +177,10 @@ result<std::vector<std::string>> jetstream_backend::do_consumer_names(std::strin
 
 result<void> jetstream_backend::do_delete_stream(std::string_view stream) {
   std::string name(stream);
+  // A bucket's stream takes the bucket with it: what was learnt of it no longer holds.
+  if (constexpr std::string_view k_kv = "KV_"; stream.starts_with(k_kv)) {
+    forget_bucket(std::string(stream.substr(k_kv.size())));
+  }
   return with_retry("delete stream " + name, [&](jsErrCode& ec) {
     return js_DeleteStream(conn_->js(), name.c_str(), nullptr, &ec);
   });

@@ -234,6 +234,29 @@ TEST_CASE("max_msgs with discard new refuses the publish with limit_exceeded",
   CHECK(must(t.get_message(c.name, 1)).data == "1");
 }
 
+TEST_CASE("discard new refuses on the stream's limits, not on a subject's", "[publish][limits]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto c = stream_cfg(*fx, "pernew");
+  c.max_msgs = 2;
+  c.max_msgs_per_subject = 1;
+  c.discard = discard_policy::new_messages;
+  auto s = create_stream(t, c);
+  publish_ok(t, subject_in(c, "a"), "1");
+  // The subject at its limit drops its oldest.
+  CHECK(publish_ok(t, subject_in(c, "a"), "2") == 2);
+  CHECK(code_of(t.get_message(c.name, 1)) == errc::not_found);
+  CHECK(publish_ok(t, subject_in(c, "b"), "3") == 3);
+  // The stream at its limit refuses a new subject...
+  CHECK(code_of(t.publish({.subject = subject_in(c, "c"), .data = "4"})) == errc::limit_exceeded);
+  // ...and takes one whose own limit makes the room.
+  CHECK(publish_ok(t, subject_in(c, "a"), "5") == 4);
+  auto st = state_of(t, c.name);
+  CHECK(st.messages == 2);
+  CHECK(st.last_seq == 4);
+  CHECK(must(t.get_message(c.name, 3)).data == "3");
+}
+
 TEST_CASE("max_msg_size counts the header block with the data, Nats-Msg-Id included",
           "[publish][limits]") {
   auto fx = make_fixture();
