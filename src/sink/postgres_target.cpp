@@ -141,6 +141,15 @@ class postgres_target final : public target {
     return {};
   }
 
+  result<void> probe() override {
+    if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) return open();
+    if (auto r = run("SELECT 1", {}); !r) {
+      conn_.reset();
+      return away(r.error().message());
+    }
+    return {};
+  }
+
   result<batch_result> write(std::span<const row> rows, duplicate_mode mode) override {
     if (!conn_ || PQstatus(conn_.get()) != CONNECTION_OK) {
       if (auto r = open(); !r) return r.error();

@@ -90,6 +90,7 @@ struct sink::impl {
   std::vector<message> held;  // a batch whose required targets were away
   duration next_backoff{};
   time_point lag_at{};
+  time_point probe_at{};
   std::atomic<bool> stopping{false};
   std::atomic<bool> is_ready{false};
   mutable std::mutex stats_mutex;
@@ -300,8 +301,14 @@ struct sink::impl {
       if (!held.empty()) start_prefetch();
       refresh_lag();
       if (held.empty()) {
-        // Idle is ready too, once the targets open.
-        if (!is_ready) is_ready = open_required();
+        // Idle is ready too, once the targets open, and while they answer.
+        const auto now = backend->clock()->now();
+        if (!is_ready) {
+          is_ready = open_required();
+        } else if (now >= probe_at) {
+          is_ready = probe_required();
+        }
+        if (is_ready) probe_at = now + options.probe_every;
         return step_result::idle;
       }
     }
@@ -319,6 +326,20 @@ struct sink::impl {
         return false;
       }
       s.opened = true;
+    }
+    return true;
+  }
+
+  bool probe_required() {
+    for (auto& s : targets) {
+      if (!s.required || !s.opened) continue;
+      if (auto r = s.t->probe(); !r) {
+        s.opened = false;
+        log("warn", "target_unavailable",
+            fmt::format("\"target\":{},\"error\":{}", json_quote(s.t->describe()),
+                        json_quote(r.error().message())));
+        return false;
+      }
     }
     return true;
   }

@@ -247,6 +247,30 @@ TEST_CASE(
   CHECK(s->ready());
 }
 
+TEST_CASE("an idle sink says not ready while PostgreSQL is stopped, and ready once it is back",
+          "[sink][postgres]") {
+  rig r;
+  auto s = r.make(r.config(), {.probe_every = 100ms});
+  r.publish("news.eu", R"({"n":1})");
+  r.drain(*s);
+  REQUIRE(s->ready());
+  auto until = [&](bool ready) {
+    const auto deadline = std::chrono::steady_clock::now() + 20s;
+    while (s->ready() != ready && std::chrono::steady_clock::now() < deadline) {
+      CHECK(s->step() == sink::step_result::idle);
+    }
+    return s->ready() == ready;
+  };
+  r.pg.stop();
+  CHECK(until(false));
+  CHECK(s->stats().transient_failures == 0);  // nothing was written
+  r.pg.restart();
+  CHECK(until(true));
+  r.publish("news.eu", R"({"n":2})");
+  r.drain(*s);
+  CHECK(r.rows() == "2");
+}
+
 TEST_CASE("ended tasks are written once each, as their final record", "[sink][postgres][tasks]") {
   rig r;
   auto jobs = job_queue::open(r.t, r.broker).value();

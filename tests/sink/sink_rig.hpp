@@ -75,8 +75,14 @@ class switchable_target final : public sink::target {
     ++*writes;
     return inner_->write(rows, mode);
   }
+  result<void> probe() override {
+    ++*probes;
+    if (away->load()) return unexpected(errc::unavailable, "switched off");
+    return inner_->probe();
+  }
   std::shared_ptr<std::atomic<bool>> away = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<std::atomic<int>> writes = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<std::atomic<int>> probes = std::make_shared<std::atomic<int>>(0);
 
  private:
   std::unique_ptr<sink::target> inner_;

@@ -557,3 +557,33 @@ TEST_CASE("ended tasks are written once each on the memory transport too", "[sin
   CHECK(s->stats().duplicates_skipped == 0);
   CHECK(s->stats().passed_over > 0);
 }
+
+TEST_CASE("an idle sink probes its required targets, and ready follows them", "[sink]") {
+  rig r;
+  auto flaky = std::make_unique<switchable_target>(sqlite_target(r.db));
+  auto away = flaky->away;
+  auto probes = flaky->probes;
+  std::vector<std::unique_ptr<sink::target>> targets;
+  targets.push_back(std::move(flaky));
+  auto s = r.make(r.config(), std::move(targets));
+  REQUIRE(r.step(*s) == sink::step_result::idle);
+  CHECK(s->ready());
+  *away = true;
+  // Not before probe_every (5 s) has passed.
+  REQUIRE(r.step(*s) == sink::step_result::idle);
+  CHECK(s->ready());
+  CHECK(probes->load() == 0);
+  r.clock->advance(5s);
+  REQUIRE(r.step(*s) == sink::step_result::idle);
+  CHECK_FALSE(s->ready());
+  CHECK(probes->load() == 1);
+  // Away, it is opened again at every idle step until it answers.
+  REQUIRE(r.step(*s) == sink::step_result::idle);
+  CHECK_FALSE(s->ready());
+  *away = false;
+  REQUIRE(r.step(*s) == sink::step_result::idle);
+  CHECK(s->ready());
+  r.publish("news.eu", R"({"n":1})");
+  REQUIRE(r.step(*s) == sink::step_result::committed);
+  CHECK(sqlite_rows(r.db, "events").size() == 1);
+}

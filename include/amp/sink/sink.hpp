@@ -103,6 +103,9 @@ struct sink_options {
   duration backoff_max = std::chrono::seconds(5);
   /// How long an idle `step` waits for a first message.
   duration idle_wait = std::chrono::seconds(1);
+  /// While idle, how often the required targets are probed (`target::probe`), so that
+  /// `ready` turns false when one goes away with nothing to write.
+  duration probe_every = std::chrono::seconds(5);
 };
 
 /// What one `step` did.
@@ -144,7 +147,8 @@ class sink {
 
   /// The pause before the next try after a transient failure.
   duration backoff() const;
-  /// True once a batch committed, false while a required target or the backend is failing.
+  /// True once a batch committed or the targets opened, false while a required target or the
+  /// backend is failing (noticed by a write, or by an idle sink's probe every `probe_every`).
   bool ready() const noexcept;
   sink_stats stats() const;
   const sink_config& config() const noexcept;

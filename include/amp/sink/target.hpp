@@ -79,6 +79,12 @@ class target {
   /// later. Then the next call reconnects.
   virtual result<batch_result> write(std::span<const row> rows, duplicate_mode mode) = 0;
 
+  /// Checks that an opened destination can still be used (PostgreSQL: a `SELECT 1` round
+  /// trip), for an idle sink that has nothing to write but must say when a target went
+  /// away. Errors: `unavailable`; the sink then calls `open` again before the next write.
+  /// The default finds nothing wrong (SQLite and files: a failure shows at the next write).
+  virtual result<void> probe() { return {}; }
+
  protected:
   target() = default;
 };
