@@ -187,6 +187,7 @@ struct bucket_state {
   std::string prefix;  // "$KV.<bucket>."
   std::vector<std::shared_ptr<kv_watcher>> watchers;
   std::map<std::string, timer_id, std::less<>> ttl_timers;  // per key: its latest TTL
+  bool ttl_written = false;  // a write had a per-key TTL: until then, nothing expires by key
 };
 
 class queue_subscription final : public subscription {
@@ -1009,7 +1010,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     const auto& cfg = s.config;
     const auto seq = ++s.last_seq;
     const auto bytes = message_bytes(msg);
-    s.by_subject[msg.subject].insert(seq);
+    auto& same_subject = s.by_subject[msg.subject];  // stays valid: no other subject is added
+    same_subject.insert(seq);
     auto& stored = s.msgs[seq];
     stored.bytes = bytes;
     stored.expires = expires;
@@ -1022,9 +1024,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     s.bytes += bytes;
     const auto subject = stored.msg.subject;
     if (cfg.max_msgs_per_subject > 0) {
-      auto& subj = s.by_subject[subject];
-      while (subj.size() > static_cast<std::size_t>(cfg.max_msgs_per_subject)) {
-        remove_message(s, *subj.begin());
+      while (same_subject.size() > static_cast<std::size_t>(cfg.max_msgs_per_subject)) {
+        remove_message(s, *same_subject.begin());
       }
     }
     trim_to_limits(s);
@@ -1444,6 +1445,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   void expire_bucket(bucket_state& b, deferred& after) {
     auto& s = stream_of(b);
     expire_messages(s);
+    if (!b.ttl_written) return;
     std::vector<std::string> subjects;
     for (const auto& [subject, seqs] : s.by_subject) subjects.push_back(subject);
     for (const auto& subject : subjects) expire_key(b, s, subject, after);
@@ -1453,6 +1455,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   // an `expired` marker takes the place of what is left.
   void expire_key(bucket_state& b, stream_state_impl& s, const std::string& subject,
                   deferred& after) {
+    if (!b.ttl_written) return;
     const auto* last = latest(s, subject);
     if (!last) return;
     const auto now = clock_->now();
@@ -1530,7 +1533,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
                                     last ? last->msg.seq : 0, expected));
     }
     std::optional<time_point> expires;
-    if (ttl) expires = clock_->now() + *ttl;
+    if (ttl) {
+      expires = clock_->now() + *ttl;
+      b.ttl_written = true;
+    }
     const auto revision = append(b, s, subject, op, std::move(value), expires, after);
     if (expires) arm_ttl(b, std::string(key), *expires);
     return revision;
