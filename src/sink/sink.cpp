@@ -305,10 +305,11 @@ struct sink::impl {
         const auto now = backend->clock()->now();
         if (!is_ready) {
           is_ready = open_required();
+          probe_at = now + options.probe_every;
         } else if (now >= probe_at) {
           is_ready = probe_required();
+          probe_at = now + options.probe_every;
         }
-        if (is_ready) probe_at = now + options.probe_every;
         return step_result::idle;
       }
     }

@@ -250,7 +250,8 @@ TEST_CASE(
 TEST_CASE("an idle sink says not ready while PostgreSQL is stopped, and ready once it is back",
           "[sink][postgres]") {
   rig r;
-  auto s = r.make(r.config(), {.probe_every = 100ms});
+  // Idle steps of 100 ms: a probe every third one or so.
+  auto s = r.make(r.config(), {.probe_every = 300ms});
   r.publish("news.eu", R"({"n":1})");
   r.drain(*s);
   REQUIRE(s->ready());
