@@ -59,7 +59,7 @@ range stops the program with a message naming the key):
   name                     required    ^[a-z][a-z0-9_-]{0,63}$: the durable consumer, and
                                        the dead-letter subject amp.<ns>.dlq.<name>
   source.ns                required    the namespace
-  source.kind              required    "topics" or "tasks"
+  source.kind              "topics"    or "tasks"
   source.topics            null        with "topics": 1 to 64 topic patterns
   source.from              "all"       "new", "all", {"seq":N} or {"time":"RFC 3339"};
                                        used only when the consumer is first created
@@ -67,8 +67,9 @@ range stops the program with a message naming the key):
   batch.max_wait_ms        50          1..60000: how long a batch waits to fill
   idempotency.strategy     "stream_sequence"  or "message_id", "payload_field"
   idempotency.field        null        with payload_field: a JSON Pointer inside body
+                                       ("/order_id"; "" is the whole body)
   on_duplicate             "skip"      or "replace", "fail"
-  targets                  required    1 to 16 of:
+  targets                  required    1 to 16 of ("kind" defaults to "sqlite"):
                              {"kind":"sqlite","path":FILE,"table":T,"required":true}
                              {"kind":"postgres","dsn":DSN,"table":T,"required":true}
                              {"kind":"file","dir":DIR,"required":true}
@@ -76,7 +77,8 @@ range stops the program with a message naming the key):
   ack_wait_s               30          1..3600: the consumer's AckWait
 
 HTTP: GET /healthz (200 while running), /readyz (200 once a batch committed or the
-targets opened, 503 while a required target or NATS is away), /metrics (Prometheus).
+targets opened, 503 while a required target or NATS is away; an idle sink probes its
+required targets every 5 s), /metrics (Prometheus).
 
 Log: one JSON object per line on stderr: {"ts","level","event",...}.
 

@@ -69,6 +69,31 @@ result<void> apply_nats(dom::element e, const std::string& path, sink_config::na
                      });
 }
 
+// A JSON Pointer, "" (the whole body) included, or null; its syntax is checked with the rest.
+result<void> set_pointer(dom::element e, const std::string& path, std::optional<std::string>& out) {
+  if (e.is_null()) {
+    out.reset();
+    return {};
+  }
+  std::string_view s;
+  if (e.get_string().get(s) || s.find('\0') != std::string_view::npos) {
+    return fail(fmt::format("{}: must be a JSON Pointer string (\"\" or \"/…\"), or null; not {}",
+                            path, describe(e)));
+  }
+  out.emplace(s);
+  return {};
+}
+
+// RFC 6901: "" or "/"-separated tokens in which "~" is only "~0" or "~1".
+bool is_json_pointer(std::string_view p) {
+  if (p.empty()) return true;
+  if (p.front() != '/') return false;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    if (p[i] == '~' && (i + 1 == p.size() || (p[i + 1] != '0' && p[i + 1] != '1'))) return false;
+  }
+  return true;
+}
+
 result<void> apply_from(dom::element e, const std::string& path, start_position& from) {
   std::string_view s;
   if (!e.get_string().get(s) && (s == "new" || s == "all")) {
@@ -189,7 +214,7 @@ result<void> apply_root(dom::element root, sink_config& c) {
               v, p, {"strategy", "field"},
               [&](std::string_view k, dom::element x, const std::string& q) -> result<void> {
                 if (k == "strategy") return set_choice(x, q, k_strategies, c.strategy);
-                return set_optional_text(x, q, c.field);
+                return set_pointer(x, q, c.field);
               });
         }
         if (key == "on_duplicate") return set_choice(v, p, k_modes, c.on_duplicate);
@@ -210,8 +235,12 @@ result<void> apply_root(dom::element root, sink_config& c) {
 result<void> apply_text(std::string_view json, sink_config& c) {
   dom::parser parser;
   dom::element root;
+  // A byte order mark, as some editors write one, is not part of the JSON.
+  if (constexpr std::string_view k_bom = "\xEF\xBB\xBF"; json.starts_with(k_bom)) {
+    json.remove_prefix(k_bom.size());
+  }
   if (auto code = parser.parse(json.data(), json.size()).get(root)) {
-    return fail(fmt::format("not valid JSON: {}", detail::not_json_error(code).message()));
+    return fail(detail::not_json_error(code).message());
   }
   return apply_root(root, c);
 }
@@ -307,10 +336,10 @@ result<void> check_sink_config(const sink_config& c) {
           "idempotency.field: is required with \"strategy\": \"payload_field\" (a JSON "
           "Pointer inside body, e.g. \"/order_id\")");
     }
-    if (!c.field->empty() && c.field->front() != '/') {
+    if (!is_json_pointer(*c.field)) {
       return fail(
-          fmt::format("idempotency.field: must be a JSON Pointer (\"\" or starting with "
-                      "\"/\"), not {}",
+          fmt::format("idempotency.field: must be a JSON Pointer (\"\" for the whole body, or "
+                      "\"/\"-separated tokens with \"~\" only as \"~0\" or \"~1\"), not {}",
                       amp::quoted(*c.field)));
     }
   } else if (c.field) {

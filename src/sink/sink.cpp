@@ -21,7 +21,9 @@ namespace {
 constexpr duration k_optional_pause = std::chrono::seconds(10);
 constexpr duration k_lag_every = std::chrono::seconds(1);
 constexpr std::size_t k_max_reason = 1024;
+constexpr duration k_fill_slice = std::chrono::milliseconds(100);
 constexpr std::string_view k_nats_header_prefix = "Nats-";
+constexpr std::string_view k_msg_id_header = "Nats-Msg-Id";
 
 // What became of one consumed message in a batch.
 enum class fate {
@@ -91,6 +93,9 @@ struct sink::impl {
   duration next_backoff{};
   time_point lag_at{};
   time_point probe_at{};
+  // With `from: {"seq":N}`, N: what JetStream delivers below it (it moves a start beyond
+  // the stream's end down to the next message stored) is passed over.
+  std::uint64_t start_floor = 0;
   std::atomic<bool> stopping{false};
   std::atomic<bool> is_ready{false};
   mutable std::mutex stats_mutex;
@@ -154,12 +159,14 @@ struct sink::impl {
       }
       auto made = backend->ensure_consumer(c);
       if (!made) return made.error();
+      note_start(made->config);
       log("info", "consumer_created",
           fmt::format("\"stream\":{},\"consumer\":{},\"filter\":{}", json_quote(stream),
                       json_quote(config.name), json_quote(filter)));
       return {};
     }
     const auto& old = existing->config;
+    note_start(old);
     if (rules.kind == source_kind::tasks && old.filter_subject != filter) {
       return unexpected(errc::conflict,
                         fmt::format("the consumer {} of {} reads {}, not {}: a sink of another "
@@ -178,6 +185,10 @@ struct sink::impl {
     log("info", "consumer_updated",
         fmt::format("\"consumer\":{},\"filter\":{}", json_quote(config.name), json_quote(filter)));
     return {};
+  }
+
+  void note_start(const consumer_config& c) {
+    start_floor = c.deliver == deliver_policy::by_start_sequence ? c.start_seq : 0;
   }
 
   // The next batch's first messages, asked for while the current batch is written (one
@@ -254,10 +265,15 @@ struct sink::impl {
     const auto deadline = std::min(batch.front().time, now) + config.max_wait;
     while (batch.size() < config.max_messages && !stopping.load()) {
       const auto left = deadline - backend->clock()->now();
+      // In slices, so that a stop is heard within one however long batches wait to fill.
       auto more = backend->fetch(stream, config.name,
                                  {.batch = config.max_messages - batch.size(),
-                                  .max_wait = std::max(left, duration::zero())});
-      if (!more || more->empty()) break;
+                                  .max_wait = std::clamp(left, duration::zero(), k_fill_slice)});
+      if (!more) break;
+      if (more->empty()) {
+        if (left <= k_fill_slice) break;
+        continue;
+      }
       std::move(more->begin(), more->end(), std::back_inserter(batch));
     }
     return batch;
@@ -372,6 +388,7 @@ struct sink::impl {
         e.owner = at->second;
         continue;
       }
+      if (held[i].seq < start_floor) continue;  // passed over
       auto mapped = detail::map_message(rules, held[i]);
       if (mapped.what == detail::mapped::kind::pass_over) continue;
       if (mapped.what == detail::mapped::kind::unwritable) {
@@ -591,19 +608,31 @@ struct sink::impl {
   }
 
   bool dead_letter(const message& m, const std::string& reason) {
-    outgoing_message out{.subject = dlq_subject,
-                         .data = m.data,
-                         .headers = {},
-                         .msg_id = fmt::format("{}:{}:{}", config.name, m.stream, m.seq)};
+    outgoing_message out{.subject = dlq_subject, .data = m.data, .headers = {}, .msg_id = {}};
     for (const auto& h : m.headers) {
-      // JetStream's own headers (a message id, the expected last sequence of a KV write, a
-      // TTL, a rollup) would be judged again against the dead-letter stream: they stay.
-      if (!h.first.starts_with(k_nats_header_prefix)) out.headers.push_back(h);
+      if (h.first == k_msg_id_header) {
+        out.msg_id = h.second;  // sent as the same header, and the dead letter's dedup id
+      } else if (!h.first.starts_with(k_nats_header_prefix)) {
+        // JetStream's other headers (the expected last sequence of a KV write, a TTL, a
+        // rollup) would be judged again against the dead-letter stream: they stay.
+        out.headers.push_back(h);
+      }
     }
     out.headers.emplace_back("Amp-Dlq-Reason", header_value(reason));
     out.headers.emplace_back("Amp-Dlq-Stream", m.stream);
     out.headers.emplace_back("Amp-Dlq-Seq", std::to_string(m.seq));
-    auto published = backend->publish(std::move(out));
+    auto published = backend->publish(out);
+    // The id was seen: this dead letter, stored before an acknowledgement that was lost, or
+    // another one (another sink's of the same message, another message with that id). Then
+    // this one is stored too, its id kept as Amp-Dlq-Msg-Id.
+    if (published && published->duplicate && !is_dead_letter_of(m, published->seq)) {
+      log("warn", "dead_letter_id_taken",
+          fmt::format("\"seq\":{},\"msg_id\":{},\"dlq_seq\":{}", m.seq, json_quote(out.msg_id),
+                      published->seq));
+      out.headers.emplace_back("Amp-Dlq-Msg-Id", std::move(out.msg_id));
+      out.msg_id.clear();
+      published = backend->publish(std::move(out));
+    }
     if (!published) {
       log("error", "dead_letter_failed",
           fmt::format("\"seq\":{},\"error\":{}", m.seq, json_quote(published.error().message())));
@@ -615,6 +644,14 @@ struct sink::impl {
         fmt::format("\"seq\":{},\"dlq_seq\":{},\"reason\":{}", m.seq, published->seq,
                     json_quote(reason)));
     return true;
+  }
+
+  // Whether the dead-letter stream's message `dlq_seq` is this sink's of `m`.
+  bool is_dead_letter_of(const message& m, std::uint64_t dlq_seq) {
+    auto stored = backend->get_message(subjects::dlq_stream(rules.ns), dlq_seq);
+    return stored && stored->subject == dlq_subject &&
+           find_header(stored->headers, "Amp-Dlq-Stream") == m.stream &&
+           find_header(stored->headers, "Amp-Dlq-Seq") == std::to_string(m.seq);
   }
 };
 

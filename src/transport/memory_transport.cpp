@@ -415,8 +415,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     auto& c = s->consumers[config.durable];
     c.config = config;
     c.uid = ++last_uid_;
-    c.next_seq = start_sequence(*s, config.filter_subject, config.deliver, config.start_seq,
-                                config.start_time);
+    // A start beyond the end is the next message stored, as JetStream moves it down.
+    c.next_seq = std::min(start_sequence(*s, config.filter_subject, config.deliver,
+                                         config.start_seq, config.start_time),
+                          s->last_seq + 1);
     s->index(c);
     used(*s, c);
     return info(*s, c);
@@ -995,6 +997,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
         return refuse(errc::limit_exceeded, fmt::format("stream \"{}\" is full", *stream_name));
       }
     }
+    // JetStream keeps the id with the message, as the header it came in.
+    if (keyed) msg.headers.emplace_back(detail::k_msg_id_header, id);
     auto seq = store(*s, *stream_name, std::move(msg), std::nullopt, after);
     if (keyed) {
       id_entry->second.first = seq;

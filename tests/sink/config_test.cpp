@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
+
 #include "amp/sink/config.hpp"
 #include "amp/sink/target.hpp"
 #include "amp/timestamp.hpp"
@@ -174,4 +176,30 @@ TEST_CASE("a key becomes a safe file name, deterministically and without collisi
   CHECK(name == safe_file_name(long_key));
   CHECK(name != safe_file_name(long_key + "y"));
   CHECK(name.substr(0, 121) == std::string(120, 'x') + "~");
+}
+
+TEST_CASE("idempotency.field is checked as a JSON Pointer when the configuration is read",
+          "[sink][config]") {
+  auto with_field = [](std::string_view field) {
+    return fmt::format(R"({{"name":"a","source":{{"ns":"demo","kind":"topics","topics":[">"]}},
+      "idempotency":{{"strategy":"payload_field","field":{}}},
+      "targets":[{{"kind":"sqlite","path":"a.db","table":"t"}}]}})",
+                       field);
+  };
+  for (const auto* ok : {R"("")", R"("/order")", R"("/a~1b/c~0d")", R"("/items/0")", R"("/")"}) {
+    INFO(ok);
+    CHECK(parse_sink_config(with_field(ok)));
+  }
+  for (const auto* bad : {R"("/a~2b")", R"("/a~")", R"("order")", R"(7)"}) {
+    INFO(bad);
+    CHECK(error_of(with_field(bad)).find("idempotency.field: must be a JSON Pointer") == 0);
+  }
+}
+
+TEST_CASE("a configuration file may start with a byte order mark, and bad JSON is said once",
+          "[sink][config]") {
+  CHECK(parse_sink_config(std::string("\xEF\xBB\xBF") + k_minimal));
+  const auto e = error_of("{");
+  CHECK(e.find("not valid JSON: ") == 0);
+  CHECK(e.find("not valid JSON", 1) == std::string::npos);
 }

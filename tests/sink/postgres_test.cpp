@@ -174,7 +174,12 @@ TEST_CASE("a row PostgreSQL refuses is dead-lettered: the rest of its batch is c
   CHECK(dead->subject == "amp.demo.dlq.archive");
   CHECK(find_header(dead->headers, "Amp-Dlq-Seq") == std::to_string(refused));
   CHECK(find_header(dead->headers, "Amp-Dlq-Reason")->find("22P05") != std::string_view::npos);
-  CHECK(dead->data == r.t->get_message("AMP_TOPICS_demo", refused)->data);
+  const auto original = r.t->get_message("AMP_TOPICS_demo", refused).value();
+  CHECK(dead->data == original.data);
+  // Its headers too, the message id that amp-server's publication carries among them.
+  REQUIRE(find_header(original.headers, "Nats-Msg-Id"));
+  for (const auto& [name, value] : original.headers)
+    CHECK(find_header(dead->headers, name) == value);
   CHECK(s->stats().dead_lettered == 1);
 }
 

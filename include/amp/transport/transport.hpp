@@ -160,7 +160,9 @@ enum class deliver_policy {
   all,                ///< from the first stored message
   last,               ///< from the last message matching the filter
   new_messages,       ///< only what is published after creation
-  by_start_sequence,  ///< from `start_seq` (inclusive)
+  by_start_sequence,  ///< from `start_seq` (inclusive). Beyond the stream's end, a consumer
+                      ///< starts at the next message stored (JetStream moves it down); a
+                      ///< replay waits for `start_seq`
   by_start_time,      ///< from the first message stored at or after `start_time`
 };
 

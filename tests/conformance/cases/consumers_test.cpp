@@ -334,6 +334,24 @@ TEST_CASE("update_consumer to a non-overlapping work-queue filter takes effect",
   must(t.ensure_consumer(consumer_cfg(*fx, sc, subject_in(sc, "b.*"))));
 }
 
+TEST_CASE("a consumer whose start sequence is beyond the end starts at the next message stored",
+          "[consumers]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto sc = stream_cfg(*fx, "cbeyond");
+  auto s = create_stream(t, sc);
+  for (int i = 0; i < 3; ++i) publish_ok(t, subject_in(sc, "a"));
+  auto c = consumer_cfg(*fx, sc);
+  c.deliver = deliver_policy::by_start_sequence;
+  c.start_seq = 100;
+  must(t.ensure_consumer(c));
+  CHECK(info_of(t, c).num_pending == 0);
+  publish_ok(t, subject_in(sc, "a"));  // 4: JetStream moved the start down to it
+  CHECK(info_of(t, c).num_pending == 1);
+  CHECK(seqs_of(fetch_now(t, c, 10)) == std::vector<std::uint64_t>{4});
+  CHECK(info_of(t, c).config.start_seq == 100);
+}
+
 TEST_CASE("a deliver policy other than all on a work-queue stream is bad_request",
           "[consumers][work_queue]") {
   auto fx = make_fixture();

@@ -96,6 +96,37 @@ TEST_CASE("headers and binary data round trip in order, repeated names kept", "[
   }
 }
 
+TEST_CASE("a stored message carries its msg_id as the Nats-Msg-Id header", "[publish][dedup]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto c = stream_cfg(*fx, "idhdr");
+  auto s = create_stream(t, c);
+  must(t.publish({.subject = subject_in(c, "a"), .data = "1", .msg_id = "id-1"}));
+  must(t.publish({.subject = subject_in(c, "a"), .data = "2"}));
+  auto check = [](const message& first, const message& second) {
+    CHECK(find_header(first.headers, "Nats-Msg-Id") == "id-1");
+    CHECK_FALSE(find_header(second.headers, "Nats-Msg-Id"));
+  };
+  SECTION("through get_message") {
+    check(must(t.get_message(c.name, 1)), must(t.get_message(c.name, 2)));
+  }
+  SECTION("through a consumer") {
+    auto cc = consumer_cfg(*fx, c);
+    must(t.ensure_consumer(cc));
+    auto ms = fetch_now(t, cc, 2);
+    REQUIRE(ms.size() == 2);
+    check(ms[0], ms[1]);
+  }
+  SECTION("through an ordered replay") {
+    replay_log log;
+    auto sub =
+        must(t.subscribe_ordered({.stream = c.name, .start = deliver_policy::all}, log.callback()));
+    REQUIRE(log.wait_for(2));
+    const auto ms = log.items();
+    check(ms[0], ms[1]);
+  }
+}
+
 TEST_CASE("an empty payload is stored as an empty message", "[publish]") {
   auto fx = make_fixture();
   auto& t = fx->transport();
