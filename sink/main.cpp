@@ -181,6 +181,14 @@ int check(const options& o) {
 }
 
 int run(const std::vector<std::string>& args) {
+  // Signals are taken by one thread of their own (sigwait); every thread made from here on
+  // inherits the mask. Blocked first, so that a SIGTERM while the sink starts (reading the
+  // configuration, connecting) is kept and heard once it runs: it then stops at once, exit 0.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto parsed = parse(args);
   if (!parsed) return fail(parsed.error().message(), exit_bad_configuration);
   auto o = std::move(*parsed);
@@ -193,15 +201,10 @@ int run(const std::vector<std::string>& args) {
     return 0;
   }
   std::signal(SIGPIPE, SIG_IGN);
-  if (o.check) return check(o);
-
-  // Signals are taken by one thread of their own (sigwait); every thread made from here on
-  // inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (o.check) {
+    pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);  // --check is interrupted as usual
+    return check(o);
+  }
 
   static amp::server::logger log(stderr);
   log.write(amp::server::log_event("info", "starting")

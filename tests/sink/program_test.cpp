@@ -303,6 +303,7 @@ TEST_CASE(
   }
   publisher.join();
   sink_process last(r.dir, {"--config", file.string()});
+  REQUIRE(last.wait_for_log("\"running\""));
   REQUIRE(r.drained(60s));
   last.signal(SIGTERM);
   CHECK(last.wait_exit(10s) == 0);
