@@ -317,15 +317,7 @@ struct sink::impl {
       if (!held.empty()) start_prefetch();
       refresh_lag();
       if (held.empty()) {
-        // Idle is ready too, once the targets open, and while they answer.
-        const auto now = backend->clock()->now();
-        if (!is_ready) {
-          is_ready = open_required();
-          probe_at = now + options.probe_every;
-        } else if (now >= probe_at) {
-          is_ready = probe_required();
-          probe_at = now + options.probe_every;
-        }
+        check_readiness();
         return step_result::idle;
       }
     }
@@ -345,6 +337,20 @@ struct sink::impl {
       s.opened = true;
     }
     return true;
+  }
+
+  // With nothing written (idle, or only messages without a row): ready once the required
+  // targets open, and while they answer a probe every `probe_every`.
+  void check_readiness() {
+    const auto now = backend->clock()->now();
+    if (!is_ready) {
+      is_ready = open_required();
+    } else if (now >= probe_at) {
+      is_ready = probe_required();
+    } else {
+      return;
+    }
+    probe_at = now + options.probe_every;
   }
 
   bool probe_required() {
@@ -510,7 +516,12 @@ struct sink::impl {
     });
     held.clear();
     next_backoff = duration::zero();
-    is_ready = !rows.empty() || open_required();
+    if (rows.empty()) {
+      check_readiness();
+    } else {
+      is_ready = true;
+      probe_at = backend->clock()->now() + options.probe_every;  // the commit answered
+    }
     if (options.on_acked && !acked.empty()) {
       options.on_acked({.seqs = std::move(acked),
                         .committed = committed_at,
@@ -621,16 +632,22 @@ struct sink::impl {
     out.headers.emplace_back("Amp-Dlq-Reason", header_value(reason));
     out.headers.emplace_back("Amp-Dlq-Stream", m.stream);
     out.headers.emplace_back("Amp-Dlq-Seq", std::to_string(m.seq));
+    // Deduplicated, so that a dead letter stored before an acknowledgement that was lost is
+    // not stored again: by the original's id, or (none: a task's record, a message
+    // published on NATS without one) by the sink's own.
+    const auto own_id = fmt::format("{}:{}:{}", config.name, m.stream, m.seq);
+    if (out.msg_id.empty()) out.msg_id = own_id;
     auto published = backend->publish(out);
-    // The id was seen: this dead letter, stored before an acknowledgement that was lost, or
-    // another one (another sink's of the same message, another message with that id). Then
-    // this one is stored too, its id kept as Amp-Dlq-Msg-Id.
-    if (published && published->duplicate && !is_dead_letter_of(m, published->seq)) {
+    // The original's id was seen: this dead letter, or another one (another sink's of the
+    // same message, another message with that id). Then this one is stored too, by its own
+    // id, the original's kept as Amp-Dlq-Msg-Id.
+    if (published && published->duplicate && out.msg_id != own_id &&
+        !is_dead_letter_of(m, published->seq)) {
       log("warn", "dead_letter_id_taken",
           fmt::format("\"seq\":{},\"msg_id\":{},\"dlq_seq\":{}", m.seq, json_quote(out.msg_id),
                       published->seq));
       out.headers.emplace_back("Amp-Dlq-Msg-Id", std::move(out.msg_id));
-      out.msg_id.clear();
+      out.msg_id = own_id;
       published = backend->publish(std::move(out));
     }
     if (!published) {

@@ -526,7 +526,6 @@ TEST_CASE("a dead letter keeps the original's own headers, not JetStream's expec
   c.strategy = sink::key_strategy::payload_field;
   c.field = "/order";
   c.max_failures = 1;
-  auto s = r.make(c);
   const auto event = r.publish("shop.orders", R"({"item":"no order"})");
   // The same event again, published on NATS with headers of its own and no message id.
   auto raw = r.t->get_message("AMP_TOPICS_demo", event).value();
@@ -536,14 +535,34 @@ TEST_CASE("a dead letter keeps the original's own headers, not JetStream's expec
                     .headers = {{"X-Custom", "kept"}, {"Nats-Expected-Stream", "AMP_TOPICS_demo"}}})
           .value()
           .seq;
-  r.drain(*s);
-  auto dead = r.dead_letters();
-  REQUIRE(dead.size() == 2);
-  CHECK(find_header(dead[1].headers, "Amp-Dlq-Seq") == std::to_string(seq));
-  CHECK(find_header(dead[1].headers, "X-Custom") == "kept");
-  CHECK_FALSE(find_header(dead[1].headers, "Nats-Expected-Stream"));
-  CHECK_FALSE(find_header(dead[1].headers, "Nats-Msg-Id"));
-  CHECK(dead[1].headers.size() == 4);
+  const auto own_id = "archive:AMP_TOPICS_demo:" + std::to_string(seq);
+  SECTION("a message without an id gets the sink's own as its dead letter's") {
+    auto s = r.make(c);
+    r.drain(*s);
+    auto dead = r.dead_letters();
+    REQUIRE(dead.size() == 2);
+    CHECK(find_header(dead[1].headers, "Amp-Dlq-Seq") == std::to_string(seq));
+    CHECK(find_header(dead[1].headers, "X-Custom") == "kept");
+    CHECK_FALSE(find_header(dead[1].headers, "Nats-Expected-Stream"));
+    CHECK(find_header(dead[1].headers, "Nats-Msg-Id") == own_id);
+    CHECK(dead[1].headers.size() == 5);
+  }
+  SECTION("which a dead letter stored before a lost acknowledgement holds already") {
+    auto s = r.make(c);  // makes AMP_DLQ_demo
+    r.t->publish({.subject = "amp.demo.dlq.archive",
+                  .data = raw.data,
+                  .headers = {{"Amp-Dlq-Reason", "earlier"},
+                              {"Amp-Dlq-Stream", "AMP_TOPICS_demo"},
+                              {"Amp-Dlq-Seq", std::to_string(seq)}},
+                  .msg_id = own_id})
+        .value();
+    r.drain(*s);
+    auto dead = r.dead_letters();
+    REQUIRE(dead.size() == 2);  // the one above and the original event's
+    CHECK(find_header(dead[0].headers, "Amp-Dlq-Reason") == "earlier");
+    CHECK(find_header(dead[1].headers, "Amp-Dlq-Seq") == std::to_string(event));
+    CHECK(s->stats().dead_lettered == 1);
+  }
 }
 
 TEST_CASE(
@@ -588,7 +607,8 @@ TEST_CASE(
     CHECK(dead[1].subject == "amp.demo.dlq.second");
     CHECK(find_header(dead[1].headers, "Amp-Dlq-Seq") == std::to_string(bad));
     CHECK(find_header(dead[1].headers, "Amp-Dlq-Msg-Id") == id);
-    CHECK_FALSE(find_header(dead[1].headers, "Nats-Msg-Id"));
+    CHECK(find_header(dead[1].headers, "Nats-Msg-Id") ==
+          "second:AMP_TOPICS_demo:" + std::to_string(bad));
     CHECK(other->stats().dead_lettered == 1);
     CHECK(r.t->consumer_info_of("AMP_TOPICS_demo", "second")->num_ack_pending == 0);
   }
@@ -696,4 +716,26 @@ TEST_CASE("stop is heard while a batch waits to fill, however long batch.max_wai
   REQUIRE(stepping.get() == sink::step_result::committed);
   CHECK(r.clock->now() - began < 10s);  // not the 20 s the batch could have waited
   CHECK(sqlite_rows(r.db, "events").size() == 1);
+}
+
+TEST_CASE("a sink given only messages without a row still probes its targets", "[sink]") {
+  rig r;
+  auto flaky = std::make_unique<switchable_target>(sqlite_target(r.db));
+  auto away = flaky->away;
+  std::vector<std::unique_ptr<sink::target>> targets;
+  targets.push_back(std::move(flaky));
+  // Two patterns share the filter news.>: news.asia.* is passed over.
+  auto s = r.make(r.config({"news.eu.*", "news.us.>"}), std::move(targets));
+  REQUIRE(r.step(*s) == sink::step_result::idle);
+  REQUIRE(s->ready());
+  *away = true;
+  const auto went = r.clock->now();
+  while (s->ready() && r.clock->now() - went < 10s) {
+    r.publish("news.asia.sport", "1");
+    r.step(*s);
+    r.clock->advance(100ms);
+  }
+  CHECK_FALSE(s->ready());
+  CHECK(r.clock->now() - went < 6s);
+  CHECK(s->stats().passed_over > 0);
 }
