@@ -186,7 +186,9 @@ struct bucket_state {
   std::string stream;  // kv_stream_name(bucket)
   std::string prefix;  // "$KV.<bucket>."
   std::vector<std::shared_ptr<kv_watcher>> watchers;
-  std::map<std::string, timer_id, std::less<>> ttl_timers;  // per key: its latest TTL
+  // Per key, one timer at the earliest per-key TTL of its revisions; when it fires, the
+  // next one is armed for what is left.
+  std::map<std::string, std::pair<timer_id, time_point>, std::less<>> ttl_timers;
   bool ttl_written = false;  // a write had a per-key TTL: until then, nothing expires by key
 };
 
@@ -589,13 +591,17 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       return {};
     }
     auto sc = kv_stream_config(config);
-    if (find_stream(sc.name)) {
-      return unexpected(
-          errc::conflict,
-          fmt::format("stream \"{}\" exists and is not bucket \"{}\"'s", sc.name, config.bucket));
+    if (auto* existing = find_stream(sc.name)) {
+      // A stream of that name made as a bucket's is that bucket, as on JetStream.
+      if (auto diff = detail::differing_setting(existing->config, sc); !diff.empty()) {
+        return unexpected(errc::conflict, fmt::format("bucket \"{}\": its stream \"{}\" exists "
+                                                      "with a different {}",
+                                                      config.bucket, sc.name, diff));
+      }
+    } else {
+      if (auto free = check_subjects_free(sc); !free) return free.error();
+      streams_[sc.name].config = sc;
     }
-    if (auto free = check_subjects_free(sc); !free) return free.error();
-    streams_[sc.name].config = sc;
     auto& b = buckets_[config.bucket];
     b.config = config;
     b.stream = sc.name;
@@ -616,9 +622,9 @@ class memory_backend final : public transport, public std::enable_shared_from_th
 
   void drop_bucket(std::map<std::string, bucket_state, std::less<>>::iterator it) {
     for (auto& w : it->second.watchers) w->queue->stop();
-    for (auto& [key, id] : it->second.ttl_timers) {
-      clock_->cancel(id);
-      ttl_timers_.erase(id);
+    for (auto& [key, timer] : it->second.ttl_timers) {
+      clock_->cancel(timer.first);
+      ttl_timers_.erase(timer.first);
     }
     buckets_.erase(it);
   }
@@ -683,8 +689,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     auto* b = find_bucket(bucket);
     if (!b) return missing("bucket", bucket);
     if (auto t = b->ttl_timers.find(key); t != b->ttl_timers.end()) {
-      clock_->cancel(t->second);
-      ttl_timers_.erase(t->second);
+      clock_->cancel(t->second.first);
+      ttl_timers_.erase(t->second.first);
       b->ttl_timers.erase(t);
     }
     remove_subject(stream_of(*b), b->prefix + std::string(key), after);
@@ -805,7 +811,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (a.ttl != b.ttl) return "ttl";
     if (a.storage != b.storage) return "storage";
     if (a.replicas != b.replicas) return "replicas";
-    if (a.max_value_size != b.max_value_size) return "max_value_size";
+    auto limit = [](std::int32_t v) { return v > 0 ? v : -1; };
+    if (limit(a.max_value_size) != limit(b.max_value_size)) return "max_value_size";
     return {};
   }
 
@@ -934,15 +941,6 @@ class memory_backend final : public transport, public std::enable_shared_from_th
         }
       }
     }
-    // On a bucket's subject, a KV write (which its watchers hear), as on JetStream.
-    if (auto* b = s ? bucket_of_stream(*stream_name) : nullptr) {
-      std::string key = msg.subject.substr(b->prefix.size());
-      const auto op = op_of(msg.headers);
-      auto revision =
-          kv_write(*b, key, op, std::move(msg.data), std::nullopt, write_rule::any, 0, after);
-      if (!revision) return revision.error();
-      return publish_ack{.stream = *stream_name, .seq = *revision, .duplicate = false};
-    }
     tell_core_subs(msg, after);
     if (!s) {
       return unexpected(errc::not_found,
@@ -981,22 +979,10 @@ class memory_backend final : public transport, public std::enable_shared_from_th
                                 "stream \"{}\"",
                                 size, cfg.max_msg_size, *stream_name));
     }
-    if (cfg.discard == discard_policy::new_messages) {
-      // A subject at its own limit makes room for the message by dropping its oldest, so
-      // only the stream's limits refuse it (JetStream 2.9; it has no discard_new_per_subject).
-      const auto bytes = message_bytes(msg);
-      auto same = s->by_subject.find(msg.subject);
-      const bool subject_full =
-          cfg.max_msgs_per_subject > 0 && same != s->by_subject.end() &&
-          same->second.size() >= static_cast<std::size_t>(cfg.max_msgs_per_subject);
-      const bool full =
-          (!subject_full && cfg.max_msgs > 0 &&
-           s->msgs.size() >= static_cast<std::size_t>(cfg.max_msgs)) ||
-          (cfg.max_bytes > 0 && s->bytes + bytes > static_cast<std::uint64_t>(cfg.max_bytes));
-      if (full) {
-        return refuse(errc::limit_exceeded, fmt::format("stream \"{}\" is full", *stream_name));
-      }
+    if (refuses_new(*s, msg.subject, message_bytes(msg))) {
+      return refuse(errc::limit_exceeded, fmt::format("stream \"{}\" is full", *stream_name));
     }
+    const bool rollup = find_header(msg.headers, "Nats-Rollup") == "sub";
     // JetStream keeps the id with the message, as the header it came in.
     if (keyed) msg.headers.emplace_back(detail::k_msg_id_header, id);
     auto seq = store(*s, *stream_name, std::move(msg), std::nullopt, after);
@@ -1004,7 +990,35 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       id_entry->second.first = seq;
       s->dedup_order.emplace_back(now, std::move(id));
     }
+    // On a bucket's subject, a KV write: its watchers hear it, and a rollup (as a purge
+    // sends it) leaves only it of its key.
+    if (auto* b = bucket_of_stream(*stream_name); b) {
+      if (auto stored = s->msgs.find(seq); stored != s->msgs.end()) {
+        if (rollup) {
+          const auto& seqs = s->by_subject.at(stored->second.msg.subject);
+          const std::vector<std::uint64_t> older(seqs.begin(), seqs.lower_bound(seq));
+          for (auto old : older) remove_message(*s, old);
+        }
+        tell_watchers(*b, stored->second.msg, after);
+      }
+    }
     return publish_ack{.stream = *stream_name, .seq = seq, .duplicate = false};
+  }
+
+  // Discard new: the stream at its message or byte limit refuses a message, unless its
+  // subject at its own limit makes the room by dropping its oldest (JetStream 2.9, which
+  // has no discard_new_per_subject).
+  static bool refuses_new(const stream_state_impl& s, const std::string& subject,
+                          std::size_t bytes) {
+    const auto& cfg = s.config;
+    if (cfg.discard != discard_policy::new_messages) return false;
+    auto same = s.by_subject.find(subject);
+    const bool subject_full =
+        cfg.max_msgs_per_subject > 0 && same != s.by_subject.end() &&
+        same->second.size() >= static_cast<std::size_t>(cfg.max_msgs_per_subject);
+    return (!subject_full && cfg.max_msgs > 0 &&
+            s.msgs.size() >= static_cast<std::size_t>(cfg.max_msgs)) ||
+           (cfg.max_bytes > 0 && s.bytes + bytes > static_cast<std::uint64_t>(cfg.max_bytes));
   }
 
   // Stores `msg` as the stream's next message, within its limits, and hands it to the
@@ -1482,15 +1496,21 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     outgoing_message m{.subject = subject, .data = std::move(value), .headers = markers(op)};
     tell_core_subs(m, after);
     const auto seq = store(s, b.stream, std::move(m), expires, after);
-    const auto key = std::string_view(subject).substr(b.prefix.size());
+    if (auto stored = s.msgs.find(seq); stored != s.msgs.end()) {
+      tell_watchers(b, stored->second.msg, after);
+    }
+    return seq;
+  }
+
+  void tell_watchers(bucket_state& b, const message& m, deferred& after) {
+    const auto key = std::string_view(m.subject).substr(b.prefix.size());
     std::erase_if(b.watchers, [](const auto& w) { return w->queue->stopped(); });
     for (auto& w : b.watchers) {
       if (subjects::subject_matches(w->filter, key)) {
-        w->queue->push([w, e = entry_of(b, s.msgs.at(seq).msg)] { w->on_entry(e); });
+        w->queue->push([w, e = entry_of(b, m)] { w->on_entry(e); });
         after.drain(w->queue);
       }
     }
-    return seq;
   }
 
   result<kv_entry> kv_get_locked(std::string_view bucket, std::string_view key, deferred& after) {
@@ -1536,6 +1556,14 @@ class memory_backend final : public transport, public std::enable_shared_from_th
                         fmt::format("key \"{}\": wrong last revision {} (expected {})", key,
                                     last ? last->msg.seq : 0, expected));
     }
+    // A bucket's stream given limits of its own (update_stream) refuses as JetStream would.
+    std::size_t bytes = subject.size() + value.size();
+    for (const auto& [k, v] : markers(op)) bytes += k.size() + v.size();
+    if (refuses_new(s, subject, bytes)) {
+      return unexpected(
+          errc::limit_exceeded,
+          fmt::format("bucket \"{}\": its stream \"{}\" is full", b.config.bucket, b.stream));
+    }
     std::optional<time_point> expires;
     if (ttl) {
       expires = clock_->now() + *ttl;
@@ -1549,6 +1577,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
   // One timer per key, for its latest write with a TTL (a newer write replaces it): when it
   // fires, that key alone is expired. Called under `mu_`.
   void arm_ttl(bucket_state& b, const std::string& key, time_point at) {
+    auto existing = b.ttl_timers.find(key);
+    if (existing != b.ttl_timers.end() && existing->second.second <= at) return;  // fires first
     std::weak_ptr<memory_backend> weak = weak_from_this();
     auto id = std::make_shared<timer_id>(0);
     *id = clock_->call_at(at, [weak, bucket = b.config.bucket, key, id] {
@@ -1559,16 +1589,28 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       self->ttl_timers_.erase(*id);
       auto* in = self->find_bucket(bucket);
       if (!in) return;
-      if (auto t = in->ttl_timers.find(key); t != in->ttl_timers.end() && t->second == *id) {
-        in->ttl_timers.erase(t);
+      auto t = in->ttl_timers.find(key);
+      if (t == in->ttl_timers.end() || t->second.first != *id) return;
+      in->ttl_timers.erase(t);
+      auto& s = self->stream_of(*in);
+      const auto subject = in->prefix + key;
+      self->expire_key(*in, s, subject, after);
+      // The next revision of the key with a TTL, if any.
+      std::optional<time_point> next;
+      if (auto seqs = s.by_subject.find(subject); seqs != s.by_subject.end()) {
+        for (auto seq : seqs->second) {
+          const auto& m = s.msgs.at(seq);
+          if (m.expires && (!next || *m.expires < *next)) next = m.expires;
+        }
       }
-      self->expire_key(*in, self->stream_of(*in), in->prefix + key, after);
+      if (next) self->arm_ttl(*in, key, *next);
     });
-    auto [t, fresh] = b.ttl_timers.try_emplace(key, *id);
-    if (!fresh) {
-      clock_->cancel(t->second);
-      ttl_timers_.erase(t->second);
-      t->second = *id;
+    if (existing != b.ttl_timers.end()) {
+      clock_->cancel(existing->second.first);
+      ttl_timers_.erase(existing->second.first);
+      existing->second = {*id, at};
+    } else {
+      b.ttl_timers.emplace(key, std::pair{*id, at});
     }
     ttl_timers_.insert(*id);
   }

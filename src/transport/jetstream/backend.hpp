@@ -47,8 +47,16 @@ class jetstream_backend final : public transport,
 
   result<stream_info> do_update_stream(const stream_config& config) override;
 
-  // Creates the stream, or updates it, and reads it back.
-  result<stream_info> write_stream(const stream_config& config, bool update);
+  // What a stream may have that `stream_config` does not say (a KV bucket's stream has the
+  // first three): an update keeps them.
+  struct stream_flags {
+    bool allow_rollup = false;
+    bool allow_direct = false;
+    bool deny_delete = false;
+    bool deny_purge = false;
+  };
+  // Creates the stream, or updates it keeping `flags`, and reads it back.
+  result<stream_info> write_stream(const stream_config& config, bool update, stream_flags flags);
 
   result<stream_info> do_stream_info_of(std::string_view stream) override;
 

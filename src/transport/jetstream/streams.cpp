@@ -62,7 +62,7 @@ result<stream_info> jetstream_backend::do_ensure_stream(const stream_config& con
   auto existing = stream_info_of(config.name);
   if (existing) return compare(*existing, config);
   if (existing.error().code() != errc::not_found) return existing.error();
-  auto made = write_stream(config, false);
+  auto made = write_stream(config, false, stream_flags{});
   // Another process may have created it in the meantime: compare with what is there.
   if (!made && made.error().code() == errc::conflict) {
     if (auto now = stream_info_of(config.name)) return compare(*now, config);
@@ -71,16 +71,26 @@ result<stream_info> jetstream_backend::do_ensure_stream(const stream_config& con
 }
 
 result<stream_info> jetstream_backend::do_update_stream(const stream_config& config) {
-  auto existing = stream_info_of(config.name);
-  if (!existing) return existing.error();
-  if (auto fixed = detail::fixed_setting_change(existing->config, config); !fixed.empty()) {
+  jsStreamInfo* current = nullptr;
+  auto got = with_retry("stream " + config.name, [&](jsErrCode& ec) {
+    return js_GetStreamInfo(&current, conn_->js(), config.name.c_str(), nullptr, &ec);
+  });
+  if (!got) return got.error();
+  const auto existing = from_js(*current->Config);
+  const stream_flags flags{.allow_rollup = current->Config->AllowRollup,
+                           .allow_direct = current->Config->AllowDirect,
+                           .deny_delete = current->Config->DenyDelete,
+                           .deny_purge = current->Config->DenyPurge};
+  jsStreamInfo_Destroy(current);
+  if (auto fixed = detail::fixed_setting_change(existing, config); !fixed.empty()) {
     return unexpected(errc::conflict,
                       fmt::format("stream \"{}\": its {} cannot be changed", config.name, fixed));
   }
-  return write_stream(config, true);
+  return write_stream(config, true, flags);
 }
 
-result<stream_info> jetstream_backend::write_stream(const stream_config& config, bool update) {
+result<stream_info> jetstream_backend::write_stream(const stream_config& config, bool update,
+                                                    stream_flags flags) {
   std::vector<const char*> subjects;
   for (const auto& s : config.subjects) subjects.push_back(s.c_str());
   jsStreamConfig sc;
@@ -98,6 +108,10 @@ result<stream_info> jetstream_backend::write_stream(const stream_config& config,
   sc.Discard = config.discard == discard_policy::new_messages ? js_DiscardNew : js_DiscardOld;
   sc.Duplicates = to_ns(normalized(config).duplicate_window);
   sc.Replicas = config.replicas;
+  sc.AllowRollup = flags.allow_rollup;
+  sc.AllowDirect = flags.allow_direct;
+  sc.DenyDelete = flags.deny_delete;
+  sc.DenyPurge = flags.deny_purge;
   jsStreamInfo* si = nullptr;
   auto r =
       with_retry((update ? "update stream " : "create stream ") + config.name, [&](jsErrCode& ec) {

@@ -121,5 +121,94 @@ TEST_CASE("deleting a bucket deletes its stream, and deleting the stream the buc
   }
 }
 
+TEST_CASE("a publish on a bucket's subject keeps its headers and is deduplicated by its id",
+          "[kv][kv-stream]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto c = bucket_cfg(*fx, "kvraw", 5);
+  auto b = create_bucket(t, c);
+  watch_log log;
+  auto watch = must(t.kv_watch(c.bucket, {.updates_only = true}, log.handlers()));
+  REQUIRE(log.wait_caught_up());
+  const outgoing_message raw{.subject = kv_subject_of(c.bucket, "k"),
+                             .data = "v",
+                             .headers = {{"X-Mine", "kept"}},
+                             .msg_id = "id-1"};
+  const auto first = must(t.publish(raw));
+  const auto again = must(t.publish(raw));
+  CHECK_FALSE(first.duplicate);
+  CHECK(again.duplicate);
+  CHECK(again.seq == first.seq);
+  const auto stored = must(t.get_message(kv_stream_name(c.bucket), first.seq));
+  CHECK(find_header(stored.headers, "X-Mine") == "kept");
+  CHECK(find_header(stored.headers, "Nats-Msg-Id") == "id-1");
+  CHECK(must(t.kv_get(c.bucket, "k")).revision == first.seq);
+  REQUIRE(log.wait_for(1));
+  CHECK(log.items()[0].value == "v");
+  CHECK(log.items()[0].revision == first.seq);
+  // A purge as clients send it (a marker with a rollup) leaves the marker alone.
+  must(t.kv_put(c.bucket, "k", "w"));
+  must(t.publish({.subject = kv_subject_of(c.bucket, "k"),
+                  .headers = {{"KV-Operation", "PURGE"}, {"Nats-Rollup", "sub"}}}));
+  auto history = must(t.kv_history(c.bucket, "k"));
+  REQUIRE(history.size() == 1);
+  CHECK(history[0].op == kv_op::purge);
+}
+
+TEST_CASE("a bucket is its stream: one made as a bucket's is taken, and limits set on it hold",
+          "[kv][kv-stream]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  auto c = bucket_cfg(*fx, "kvadopt", 3);
+  const auto stream = kv_stream_name(c.bucket);
+  SECTION("a stream made first with a bucket's settings") {
+    stream_config sc{.name = stream,
+                     .subjects = {"$KV." + c.bucket + ".>"},
+                     .max_msgs_per_subject = 3,
+                     .discard = discard_policy::new_messages};
+    auto s = create_stream(t, sc);
+    must(t.ensure_bucket(c));
+    auto b = bucket_guard(t, c.bucket);
+    const auto r = must(t.kv_put(c.bucket, "k", "v"));
+    CHECK(must(t.kv_get(c.bucket, "k")).revision == r);
+    CHECK(state_of(t, stream).messages == 1);
+  }
+  SECTION("the stream updated as it is, the bucket is still the same") {
+    auto b = create_bucket(t, c);
+    must(t.update_stream(must(t.stream_info_of(stream)).config));
+    must(t.ensure_bucket(c));
+  }
+  SECTION("a message limit set on the stream refuses a write beyond it") {
+    auto b = create_bucket(t, c);
+    auto sc = must(t.stream_info_of(stream)).config;
+    sc.max_msgs = 2;
+    must(t.update_stream(sc));
+    must(t.kv_put(c.bucket, "a", "1"));
+    must(t.kv_put(c.bucket, "b", "2"));
+    CHECK(code_of(t.kv_put(c.bucket, "c", "3")) == errc::limit_exceeded);
+    // A key below its history makes no room either.
+    CHECK(code_of(t.kv_put(c.bucket, "a", "again")) == errc::limit_exceeded);
+    CHECK(must(t.kv_keys(c.bucket)) == std::vector<std::string>{"a", "b"});
+    CHECK(must(t.kv_get(c.bucket, "a")).value == "1");
+  }
+}
+
+TEST_CASE("a per-key TTL that ran out is gone from the stream as from the bucket",
+          "[kv][kv-stream][ttl][time]") {
+  auto fx = make_fixture();
+  auto& t = fx->transport();
+  if (!t.caps().per_key_ttl) return;  // refused there: see the per-key ttl case
+  auto c = bucket_cfg(*fx, "kvttl", 5);
+  auto b = create_bucket(t, c);
+  const auto stream = kv_stream_name(c.bucket);
+  const auto first = must(t.kv_put(c.bucket, "k", "short", 1s));
+  const auto second = must(t.kv_put(c.bucket, "k", "long", 1h));
+  fx->advance(2s);
+  // Read through the stream only.
+  CHECK(code_of(t.get_message(stream, first)) == errc::not_found);
+  CHECK(must(t.get_message(stream, second)).data == "long");
+  CHECK(state_of(t, stream).messages == 1);
+}
+
 }  // namespace
 }  // namespace amp::conformance::cases
