@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <exception>
@@ -211,6 +212,37 @@ int run(const std::vector<std::string>& args) {
                 .field("version", AMP_SINK_VERSION)
                 .field("pid", static_cast<std::int64_t>(::getpid()))
                 .field("name", o.config.name));
+
+  // HTTP first: an address that cannot serve stops the program before it touches NATS,
+  // and /healthz answers while it connects (/readyz 503 until the sink is made).
+  std::atomic<amp::sink::sink*> current{nullptr};
+  std::unique_ptr<amp::sink_program::http_server> http;
+  if (o.config.http) {
+    auto started = amp::sink_program::http_server::start(
+        *o.config.http, [&current, &o](const std::string& path) -> amp::sink_program::http_answer {
+          auto* sink = current.load();
+          if (path == "/healthz") return {.status = 200, .body = "ok\n"};
+          if (path == "/readyz") {
+            return sink && sink->ready()
+                       ? amp::sink_program::http_answer{.status = 200, .body = "ready\n"}
+                       : amp::sink_program::http_answer{.status = 503, .body = "not ready\n"};
+          }
+          if (path == "/metrics") {
+            return {
+                .status = 200,
+                .body = sink ? amp::sink::metrics_text(sink->stats(), o.config.name, sink->ready())
+                             : amp::sink::metrics_text({}, o.config.name, false),
+                .content_type = "text/plain; version=0.0.4; charset=utf-8"};
+          }
+          return {.status = 404, .body = "not found\n"};
+        });
+    if (!started) {
+      const bool bad = started.error().code() == amp::errc::bad_request;
+      return fail(started.error().message(), bad ? exit_bad_configuration : exit_cannot_run);
+    }
+    http = std::move(*started);
+  }
+
   auto backend = connect(o.config, log);
   if (!backend) {
     const bool bad = backend.error().code() == amp::errc::bad_request;
@@ -233,30 +265,7 @@ int run(const std::vector<std::string>& args) {
     return fail(made.error().message(), bad ? exit_bad_configuration : exit_cannot_run);
   }
   auto& sink = **made;
-
-  std::unique_ptr<amp::sink_program::http_server> http;
-  if (o.config.http) {
-    auto started = amp::sink_program::http_server::start(
-        *o.config.http, [&sink](const std::string& path) -> amp::sink_program::http_answer {
-          if (path == "/healthz") return {.status = 200, .body = "ok\n"};
-          if (path == "/readyz") {
-            return sink.ready()
-                       ? amp::sink_program::http_answer{.status = 200, .body = "ready\n"}
-                       : amp::sink_program::http_answer{.status = 503, .body = "not ready\n"};
-          }
-          if (path == "/metrics") {
-            return {.status = 200,
-                    .body = amp::sink::metrics_text(sink.stats(), sink.config().name, sink.ready()),
-                    .content_type = "text/plain; version=0.0.4; charset=utf-8"};
-          }
-          return {.status = 404, .body = "not found\n"};
-        });
-    if (!started) {
-      const bool bad = started.error().code() == amp::errc::bad_request;
-      return fail(started.error().message(), bad ? exit_bad_configuration : exit_cannot_run);
-    }
-    http = std::move(*started);
-  }
+  current = &sink;
 
   std::thread signal_thread([&sink, signals] {
     int sig = 0;
@@ -273,6 +282,7 @@ int run(const std::vector<std::string>& args) {
                 .field("consumer", o.config.name)
                 .field("http", o.config.http.value_or("")));
   sink.run();
+  current = nullptr;
   http.reset();
   const auto stats = sink.stats();
   log.write(amp::server::log_event("info", "stopped")

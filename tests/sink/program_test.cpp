@@ -1,8 +1,12 @@
 // amp-sink as a user runs it: its command line, --check, HTTP, SIGTERM, and kill -9 at
 // random points while events flow (every event exactly once in SQLite and PostgreSQL).
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -239,6 +243,30 @@ TEST_CASE(
   p.signal(SIGTERM);
   CHECK(p.wait_exit(10s) == 0);
   CHECK(p.log().find("\"stopped\"") != std::string::npos);
+}
+
+TEST_CASE("an http address that cannot be served stops amp-sink before it makes its consumer",
+          "[sink][program]") {
+  rig r;
+  // Hold a port, as another program would.
+  const int held = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(held >= 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  at.sin_port = 0;
+  REQUIRE(::bind(held, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+  REQUIRE(::listen(held, 1) == 0);
+  socklen_t len = sizeof at;
+  REQUIRE(::getsockname(held, reinterpret_cast<sockaddr*>(&at), &len) == 0);
+  const auto port = ntohs(at.sin_port);
+  const auto file = r.dir.write(
+      "c.json", r.config(r.sqlite_target(), fmt::format(R"(,"http":"127.0.0.1:{}")", port)));
+  auto run = run_sink(r.dir, {"--config", file.string()});
+  ::close(held);
+  CHECK(run.status == 1);
+  CHECK(run.err.find(std::to_string(port)) != std::string::npos);
+  CHECK(code_of(r.t->consumer_info_of("AMP_TOPICS_demo", "archive")) == errc::not_found);
 }
 
 TEST_CASE("/readyz says 503 while PostgreSQL is down, and nothing is acknowledged meanwhile",
