@@ -1485,15 +1485,21 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       if (m.expires && *m.expires <= now) gone.push_back(seq);
     }
     for (auto seq : gone) remove_message(s, seq);
-    if (value_expired) append(b, s, subject, kv_op::expired, {}, std::nullopt, after);
+    if (value_expired)
+      append(b, s, kv_op::expired, kv_message(subject, kv_op::expired, {}), {}, after);
   }
 
-  // Stores a revision of the key on `subject` and tells the watchers. A purge or an expiry
-  // first removes the key's earlier revisions.
-  std::uint64_t append(bucket_state& b, stream_state_impl& s, const std::string& subject, kv_op op,
-                       std::string value, std::optional<time_point> expires, deferred& after) {
-    if (op == kv_op::purge || op == kv_op::expired) remove_subject(s, subject, after);
-    outgoing_message m{.subject = subject, .data = std::move(value), .headers = markers(op)};
+  // A revision as its stream stores it.
+  static outgoing_message kv_message(const std::string& subject, kv_op op, std::string value) {
+    return {.subject = subject, .data = std::move(value), .headers = markers(op)};
+  }
+
+  // Stores the revision `m` of its key and tells the watchers. A purge or an expiry first
+  // removes the key's earlier revisions.
+
+  std::uint64_t append(bucket_state& b, stream_state_impl& s, kv_op op, outgoing_message m,
+                       std::optional<time_point> expires, deferred& after) {
+    if (op == kv_op::purge || op == kv_op::expired) remove_subject(s, m.subject, after);
     tell_core_subs(m, after);
     const auto seq = store(s, b.stream, std::move(m), expires, after);
     if (auto stored = s.msgs.find(seq); stored != s.msgs.end()) {
@@ -1557,9 +1563,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
                                     last ? last->msg.seq : 0, expected));
     }
     // A bucket's stream given limits of its own (update_stream) refuses as JetStream would.
-    std::size_t bytes = subject.size() + value.size();
-    for (const auto& [k, v] : markers(op)) bytes += k.size() + v.size();
-    if (refuses_new(s, subject, bytes)) {
+    auto m = kv_message(subject, op, std::move(value));
+    if (refuses_new(s, subject, message_bytes(m))) {
       return unexpected(
           errc::limit_exceeded,
           fmt::format("bucket \"{}\": its stream \"{}\" is full", b.config.bucket, b.stream));
@@ -1569,7 +1574,7 @@ class memory_backend final : public transport, public std::enable_shared_from_th
       expires = clock_->now() + *ttl;
       b.ttl_written = true;
     }
-    const auto revision = append(b, s, subject, op, std::move(value), expires, after);
+    const auto revision = append(b, s, op, std::move(m), expires, after);
     if (expires) arm_ttl(b, std::string(key), *expires);
     return revision;
   }
