@@ -285,26 +285,7 @@ TEST_CASE("ended tasks are written once each, as their final record", "[sink][po
   c.topics.clear();
   c.strategy = sink::key_strategy::message_id;
   c.targets[0].table = "tasks";
-  const auto alice = participant_name::make("alice").value();
-  const auto worker = participant_name::make("worker").value();
-  const auto review = job_name::make("review").value();
-
-  auto done = jobs->submit({.job = review, .from = alice, .body = R"({"doc":1})"}).value();
-  auto failed = jobs->submit({.job = review, .from = alice, .body = R"({"doc":2})"}).value();
-  auto cancelled = jobs->submit({.job = review, .from = alice, .body = R"({"doc":3})"}).value();
-  auto running = jobs->submit({.job = review, .from = alice, .body = R"({"doc":4})"}).value();
-  REQUIRE(jobs->cancel(cancelled.task, {.who = alice}));
-  std::set<std::string> claimed;
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (claimed.size() < 3 && std::chrono::steady_clock::now() < deadline) {
-    auto offers = jobs->fetch(review, 4, 500ms).value();
-    for (auto& o : offers) {
-      if (jobs->claim(o, worker)) claimed.insert(o.task.task);
-    }
-  }
-  REQUIRE(claimed.size() == 3);
-  REQUIRE(jobs->complete(done.task, worker, R"({"ok":true})"));
-  REQUIRE(jobs->fail(failed.task, worker, {.code = "bad", .message = "no"}, false, 0s));
+  const auto [done, failed, cancelled, running] = end_three_of_four_tasks(*jobs, 500ms);
 
   auto s = r.make(c);
   const auto until = std::chrono::steady_clock::now() + 20s;

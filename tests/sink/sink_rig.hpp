@@ -10,9 +10,13 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
+#include "amp/broker/job_queue.hpp"
 #include "amp/broker/topics.hpp"
 #include "amp/sink/sink.hpp"
 #include "amp/sink/target.hpp"
@@ -31,6 +35,40 @@ inline std::uint64_t publish_event(topics& t, const std::string& topic_name,
                       .msg_id = msg_id});
   if (!r) throw std::runtime_error("publish: " + r.error().message());
   return r->seq;
+}
+
+/// Four tasks of job "review" submitted by alice: `done` completed and `failed` failed by
+/// "worker", `cancelled` cancelled by alice, `running` claimed and left so. Fetches wait
+/// `fetch_wait` (zero on a manual clock), for at most 10 s in all.
+struct four_tasks {
+  submit_result done, failed, cancelled, running;
+};
+
+inline four_tasks end_three_of_four_tasks(job_queue& jobs, duration fetch_wait) {
+  const auto alice = participant_name::make("alice").value();
+  const auto worker = participant_name::make("worker").value();
+  const auto review = job_name::make("review").value();
+  auto submit = [&](const char* body) {
+    return jobs.submit({.job = review, .from = alice, .body = body}).value();
+  };
+  four_tasks t{.done = submit(R"({"doc":1})"),
+               .failed = submit(R"({"doc":2})"),
+               .cancelled = submit(R"({"doc":3})"),
+               .running = submit(R"({"doc":4})")};
+  REQUIRE(jobs.cancel(t.cancelled.task, {.who = alice}));
+  std::set<std::string> claimed;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (claimed.size() < 3 && std::chrono::steady_clock::now() < deadline) {
+    const auto offers = jobs.fetch(review, 4, fetch_wait).value();
+    for (const auto& o : offers) {
+      if (jobs.claim(o, worker)) claimed.insert(o.task.task);
+    }
+  }
+  REQUIRE(claimed.size() == 3);
+  REQUIRE(jobs.complete(t.done.task, worker, R"({"ok":true})"));
+  REQUIRE(
+      jobs.fail(t.failed.task, worker, {.code = "bad", .message = "no"}, false, duration::zero()));
+  return t;
 }
 
 /// The rows of a SQLite table: each row's columns by name (NULL as "<null>"), by key.

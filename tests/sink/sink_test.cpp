@@ -74,6 +74,18 @@ struct rig {
     return t->consumer_info_of("AMP_TOPICS_demo", "archive").value();
   }
 
+  // What sink "archive" stored as the dead letter of the event at `seq` before it was killed
+  // ahead of its acknowledgement.
+  void store_dead_letter(std::uint64_t seq, const std::string& data, const std::string& msg_id) {
+    t->publish({.subject = "amp.demo.dlq.archive",
+                .data = data,
+                .headers = {{"Amp-Dlq-Reason", "earlier"},
+                            {"Amp-Dlq-Stream", "AMP_TOPICS_demo"},
+                            {"Amp-Dlq-Seq", std::to_string(seq)}},
+                .msg_id = msg_id})
+        .value();
+  }
+
   // The messages in the dead-letter stream, oldest first.
   std::vector<message> dead_letters() const {
     std::vector<message> out;
@@ -549,13 +561,7 @@ TEST_CASE("a dead letter keeps the original's own headers, not JetStream's expec
   }
   SECTION("which a dead letter stored before a lost acknowledgement holds already") {
     auto s = r.make(c);  // makes AMP_DLQ_demo
-    r.t->publish({.subject = "amp.demo.dlq.archive",
-                  .data = raw.data,
-                  .headers = {{"Amp-Dlq-Reason", "earlier"},
-                              {"Amp-Dlq-Stream", "AMP_TOPICS_demo"},
-                              {"Amp-Dlq-Seq", std::to_string(seq)}},
-                  .msg_id = own_id})
-        .value();
+    r.store_dead_letter(seq, raw.data, own_id);
     r.drain(*s);
     auto dead = r.dead_letters();
     REQUIRE(dead.size() == 2);  // the one above and the original event's
@@ -578,14 +584,7 @@ TEST_CASE(
   const auto original = r.t->get_message("AMP_TOPICS_demo", bad).value();
   const auto id = std::string(find_header(original.headers, "Nats-Msg-Id").value());
   auto make_dlq = r.make(c);  // makes AMP_DLQ_demo
-  // What the sink stored before it was killed ahead of its acknowledgement.
-  r.t->publish({.subject = "amp.demo.dlq.archive",
-                .data = original.data,
-                .headers = {{"Amp-Dlq-Reason", "earlier"},
-                            {"Amp-Dlq-Stream", "AMP_TOPICS_demo"},
-                            {"Amp-Dlq-Seq", std::to_string(bad)}},
-                .msg_id = id})
-      .value();
+  r.store_dead_letter(bad, original.data, id);
   r.drain(*make_dlq);
   auto dead = r.dead_letters();
   REQUIRE(dead.size() == 1);
@@ -622,21 +621,7 @@ TEST_CASE("ended tasks are written once each on the memory transport too", "[sin
   c.strategy = sink::key_strategy::message_id;
   c.targets[0].table = "tasks";
   const auto alice = participant_name::make("alice").value();
-  const auto worker = participant_name::make("worker").value();
-  const auto review = job_name::make("review").value();
-  auto done = jobs->submit({.job = review, .from = alice, .body = R"({"doc":1})"}).value();
-  auto failed = jobs->submit({.job = review, .from = alice, .body = R"({"doc":2})"}).value();
-  auto cancelled = jobs->submit({.job = review, .from = alice, .body = R"({"doc":3})"}).value();
-  auto running = jobs->submit({.job = review, .from = alice, .body = R"({"doc":4})"}).value();
-  REQUIRE(jobs->cancel(cancelled.task, {.who = alice}));
-  std::set<std::string> claimed;
-  const auto offers = jobs->fetch(review, 4, 0ms).value();
-  for (const auto& o : offers) {
-    if (jobs->claim(o, worker)) claimed.insert(o.task.task);
-  }
-  REQUIRE(claimed.size() == 3);
-  REQUIRE(jobs->complete(done.task, worker, R"({"ok":true})"));
-  REQUIRE(jobs->fail(failed.task, worker, {.code = "bad", .message = "no"}, false, 0s));
+  const auto [done, failed, cancelled, running] = end_three_of_four_tasks(*jobs, 0ms);
 
   auto s = r.make(c);
   REQUIRE(r.step(*s) == sink::step_result::committed);
