@@ -982,7 +982,8 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     if (refuses_new(*s, msg.subject, message_bytes(msg))) {
       return refuse(errc::limit_exceeded, fmt::format("stream \"{}\" is full", *stream_name));
     }
-    const bool rollup = find_header(msg.headers, "Nats-Rollup") == "sub";
+    auto* bucket = bucket_of_stream(*stream_name);  // then a KV write: see below
+    const bool rollup = bucket && find_header(msg.headers, "Nats-Rollup") == "sub";
     // JetStream keeps the id with the message, as the header it came in.
     if (keyed) msg.headers.emplace_back(detail::k_msg_id_header, id);
     auto seq = store(*s, *stream_name, std::move(msg), std::nullopt, after);
@@ -992,14 +993,14 @@ class memory_backend final : public transport, public std::enable_shared_from_th
     }
     // On a bucket's subject, a KV write: its watchers hear it, and a rollup (as a purge
     // sends it) leaves only it of its key.
-    if (auto* b = bucket_of_stream(*stream_name); b) {
+    if (bucket) {
       if (auto stored = s->msgs.find(seq); stored != s->msgs.end()) {
         if (rollup) {
           const auto& seqs = s->by_subject.at(stored->second.msg.subject);
           const std::vector<std::uint64_t> older(seqs.begin(), seqs.lower_bound(seq));
           for (auto old : older) remove_message(*s, old);
         }
-        tell_watchers(*b, stored->second.msg, after);
+        tell_watchers(*bucket, stored->second.msg, after);
       }
     }
     return publish_ack{.stream = *stream_name, .seq = seq, .duplicate = false};
