@@ -14,6 +14,7 @@
 #include "detail/wait_for.hpp"
 #include "detail/write_batch.hpp"
 #include "sink/rows.hpp"
+#include "transport/stream_rules.hpp"
 
 namespace amp::sink {
 namespace {
@@ -23,7 +24,6 @@ constexpr duration k_lag_every = std::chrono::seconds(1);
 constexpr std::size_t k_max_reason = 1024;
 constexpr duration k_fill_slice = std::chrono::milliseconds(100);
 constexpr std::string_view k_nats_header_prefix = "Nats-";
-constexpr std::string_view k_msg_id_header = "Nats-Msg-Id";
 
 // What became of one consumed message in a batch.
 enum class fate {
@@ -621,7 +621,7 @@ struct sink::impl {
   bool dead_letter(const message& m, const std::string& reason) {
     outgoing_message out{.subject = dlq_subject, .data = m.data, .headers = {}, .msg_id = {}};
     for (const auto& h : m.headers) {
-      if (h.first == k_msg_id_header) {
+      if (h.first == amp::detail::k_msg_id_header) {
         out.msg_id = h.second;  // sent as the same header, and the dead letter's dedup id
       } else if (!h.first.starts_with(k_nats_header_prefix)) {
         // JetStream's other headers (the expected last sequence of a KV write, a TTL, a
