@@ -15,8 +15,12 @@
 //
 // The queue only decides; the caller runs what it is told to start, then reports each
 // started item's return from its thread (`left_thread`) and its end (`finished`), in either
-// order. Every call is thread-safe and returns the items that may start now, which the
-// caller runs after the call, outside any lock of its own that those items take.
+// order. An item of a lane may let its lane go before it ends (`release`): the next item of
+// the lane may then start while it still runs (a send that is on its way to the backend,
+// whose answer is awaited, is no longer in the way of the next one); such an item reports
+// its end with an empty lane. Every call is thread-safe and returns the items that may start
+// now, which the caller runs after the call, outside any lock of its own that those items
+// take.
 
 #include <cstddef>
 #include <deque>
@@ -83,6 +87,17 @@ class lanes {
     if (!lane.empty()) {
       if (auto it = busy_lanes_.find(lane); it != busy_lanes_.end()) busy_lanes_.erase(it);
     }
+    startable(start);
+    return start;
+  }
+
+  // A started item of `lane` lets its lane go before it ends: the lane's next item may start.
+  // The item still counts as running until `finished`, which it then reports with an empty
+  // lane.
+  std::vector<entry> release(std::string_view lane) {
+    std::vector<entry> start;
+    std::lock_guard lock(mu_);
+    if (auto it = busy_lanes_.find(lane); it != busy_lanes_.end()) busy_lanes_.erase(it);
     startable(start);
     return start;
   }

@@ -205,8 +205,18 @@ void session::impl::request_close(int code, std::string reason) {
 }
 
 session::impl::request session::impl::later(const request& rq) {
-  return request{
-      .op = rq.op, .id_json = rq.id_json, .has_id = rq.has_id, .frame = {}, .hold = rq.hold};
+  return request{.op = rq.op,
+                 .id_json = rq.id_json,
+                 .has_id = rq.has_id,
+                 .frame = {},
+                 .hold = rq.hold,
+                 .lane = rq.lane};
+}
+
+session::impl::request session::impl::pipelined(const request& rq) {
+  auto out = later(rq);
+  out.lane.reset();
+  return out;
 }
 
 void session::impl::reply_ok(const request& rq, std::string_view members) {
@@ -329,15 +339,22 @@ void session::impl::start(inbound_frame f) {
   // Counted in `in_flight` like executor work, so that shutdown waits for the answer.
   gw->in_flight.fetch_add(1);
   auto self = shared_from_this();
-  std::shared_ptr<void> hold(nullptr, [self, barrier = f.barrier, lane = std::move(f.lane)](void*) {
-    self->run(self->frames->finished(barrier, lane));
+  std::shared_ptr<void> hold(nullptr, [self, barrier = f.barrier](void*) {
+    self->run(self->frames->finished(barrier, {}));
     self->gw->in_flight.fetch_sub(1);
   });
-  process(f.item.text, std::move(hold));
+  std::shared_ptr<void> lane;
+  if (!f.lane.empty()) {
+    lane = std::shared_ptr<void>(nullptr, [self, name = std::move(f.lane)](void*) {
+      self->run(self->frames->release(name));
+    });
+  }
+  process(f.item.text, std::move(hold), std::move(lane));
   run(frames->left_thread());
 }
 
-void session::impl::process(std::string_view text, std::shared_ptr<void> hold) {
+void session::impl::process(std::string_view text, std::shared_ptr<void> hold,
+                            std::shared_ptr<void> lane) {
   thread_local dom::parser parser;
   detail::parser_release release(parser);
   dom::element frame;
@@ -355,6 +372,7 @@ void session::impl::process(std::string_view text, std::shared_ptr<void> hold) {
   request rq;
   rq.frame = frame;
   rq.hold = std::move(hold);
+  rq.lane = std::move(lane);
   rq.id_json = "null";
   dom::element id_value;
   if (!frame.at_key("id").get(id_value)) {

@@ -126,8 +126,16 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     std::string id_json;  // the id to echo, or "null"
     bool has_id = false;
     dom::element frame;          // valid only while `process` runs
-    std::shared_ptr<void> hold;  // the frame's lane is busy until every copy is gone
+    std::shared_ptr<void> hold;  // the frame runs until every copy is gone
+    // The frame's lane (of a frame that has one) is busy until every copy is gone; an
+    // operation that has handed its write to the backend in order may let it go early
+    // (`pipelined`). Declared after `hold`, so gone no later than it.
+    std::shared_ptr<void> lane;
   };
+
+  // `later(rq)` without the lane: for an operation whose write is on its way to the backend
+  // in the order of its lane, so that the lane's next frame need not wait for its answer.
+  static request pipelined(const request& rq);
 
   // The request as an operation that answers later keeps it: without the frame.
   static request later(const request& rq);
@@ -194,7 +202,7 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // Runs `f` through `process`; lets the frames waiting for it go when its answer is out.
   void start(inbound_frame f);
 
-  void process(std::string_view text, std::shared_ptr<void> hold);
+  void process(std::string_view text, std::shared_ptr<void> hold, std::shared_ptr<void> lane);
 
   // The identity and namespace of an authenticated session (every op but hello), shared, not
   // copied. Callers name the two through references, not a structured binding: their lambdas
@@ -233,9 +241,12 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   void on_send(request& rq);
 
   // The completion that answers a send or publish (see `answer_stored`) when the backend has.
+  // It does not keep the frame's lane: once the write is handed to the backend, which stores
+  // writes handed to it one after another in that order, the lane's next frame may go out
+  // while this one awaits its answer (sends to one recipient, publishes on one topic).
   template <class Stored>
   completion<Stored> answer_later(const request& rq, const budget_spend& spend) {
-    return [self = shared_from_this(), rq = later(rq), spend,
+    return [self = shared_from_this(), rq = pipelined(rq), spend,
             started = std::chrono::steady_clock::now()](result<Stored> stored) {
       self->gw->metrics.backend(detail::session_util::seconds_since(started));
       if (!stored || stored->duplicate) {

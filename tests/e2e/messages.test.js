@@ -73,6 +73,27 @@ for (const transport of transports()) {
       }
     });
 
+    it('pipelined sends to one recipient are stored and delivered in the order sent', async () => {
+      const ns = uniqueNs();
+      const alice = await env.connect(s, ns, 'alice');
+      const bob = await env.connect(s, ns, 'bob');
+      const carol = await env.connect(s, ns, 'carol');
+      // 200 sends written at once, to two recipients in turn: none waits for another's ok.
+      const sent = await Promise.all(Array.from({ length: 200 }, (_, i) =>
+        alice.ok('send', { to: i % 2 ? 'carol' : 'bob', body: i })));
+      for (const [who, first] of [[bob, 0], [carol, 1]]) {
+        const mine = sent.filter((_, i) => i % 2 === first);
+        const seqs = mine.map((r) => r.seq);
+        assert.deepEqual(seqs, [...seqs].sort((a, b) => a - b), 'stored in the order sent');
+        for (let i = first; i < 200; i += 2) {
+          const m = await who.next('message', 10000);
+          assert.equal(m.envelope.body, i);
+          assert.equal(m.seq, sent[i].seq);
+          await who.ok('ack', { seq: m.seq });
+        }
+      }
+    });
+
     it('nack delivers again with delivery incremented, after delay_ms', async () => {
       const ns = uniqueNs();
       const alice = await env.connect(s, ns, 'alice');

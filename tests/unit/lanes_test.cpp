@@ -54,6 +54,26 @@ TEST_CASE("lanes: one lane runs one at a time in order, different lanes run at o
   CHECK(l.waiting() == 0);
 }
 
+TEST_CASE("lanes: an item that releases its lane lets the next of the lane start while it runs",
+          "[lanes]") {
+  lanes l(lane_limits{
+      .max_waiting = 16, .max_waiting_bytes = 1 << 20, .max_running = 2, .max_on_threads = 4});
+  CHECK(push(l, in_lane(1, "to:bob")) == std::vector{1});
+  CHECK(push(l, in_lane(2, "to:bob")).empty());
+  CHECK(push(l, in_lane(3, "to:bob")).empty());
+  CHECK(ids(l.release("to:bob")) == std::vector{2});  // 1 still runs
+  CHECK(l.running() == 2);
+  // max_running holds 3 back although its lane is free once 2 lets it go.
+  CHECK(l.release("to:bob").empty());
+  CHECK(ids(l.finished(false, "")) == std::vector{3});
+  // 3 holds the lane: 4 waits for it, not for 2.
+  CHECK(push(l, in_lane(4, "to:bob")).empty());
+  CHECK(l.finished(false, "").empty());                       // 2 ends (it had released its lane)
+  CHECK(ids(l.finished(false, "to:bob")) == std::vector{4});  // 3 ends, lane and all
+  CHECK(l.running() == 1);
+  CHECK(l.waiting() == 0);
+}
+
 TEST_CASE("lanes: a waiting frame holds back every later one, even of a free lane", "[lanes]") {
   lanes l(lane_limits{});
   CHECK(push(l, in_lane(1, "to:bob")) == std::vector{1});

@@ -359,6 +359,12 @@ class transport {
   /// Stores a message in the stream capturing its subject. `not_found` when no stream
   /// captures it; `payload_too_large` over `max_msg_size`; `limit_exceeded` when the
   /// stream is full and discards new messages.
+  /// Order: publishes handed over one after another (each `async_publish` returned before
+  /// the next is called) are stored in that order, without waiting for one another's
+  /// answers (JetStream: written in turn on one connection). The one exception is a publish
+  /// the backend must retry (JetStream: the stream had no leader for a moment): it may be
+  /// stored after publishes handed over later; its `msg_id` keeps a caller's own retry
+  /// from storing it twice.
   void async_publish(outgoing_message msg, completion<publish_ack> done);
   result<publish_ack> publish(outgoing_message msg);
 
