@@ -164,9 +164,17 @@ std::string name_problem(std::string_view op, std::string_view pointer, dom::ele
     if (auto r = task_id::make(text); !r) e = r.error();
   }
   if (e) return fmt::format("{}: {}", pointer, e->message());
+  if (member == "sub" && op == "unsubscribe") {
+    return fmt::format(
+        "{}: {} is not a subscription name (^[a-z0-9][a-z0-9_-]{{0,63}}$, or _s1, _s2, ... as "
+        "the server names them)",
+        pointer, amp::quoted(text));
+  }
   if (member == "sub") {
-    return fmt::format("{}: {} is not a subscription name (^[a-z0-9][a-z0-9_-]{{0,63}}$)", pointer,
-                       amp::quoted(text));
+    return fmt::format(
+        "{}: {} is not a subscription name (^[a-z0-9][a-z0-9_-]{{0,63}}$; names starting with _ "
+        "are those the server makes up)",
+        pointer, amp::quoted(text));
   }
   return fmt::format("{}: {} is not a valid name", pointer, amp::quoted(text));
 }
@@ -461,10 +469,10 @@ std::span<const session::impl::op_spec> session::impl::ops() {
       {"who", L::barrier, registry_op_cost, &impl::on_who},
       {"watch", L::barrier, registry_op_cost, &impl::on_watch},
       {"bye", L::barrier, 0, &impl::on_bye},
-      {"send", L::to, 0, &impl::on_send},
+      {"send", L::to, 0, &impl::on_send, true},
       {"ack", L::none, 1, &impl::on_ack, true},
       {"nack", L::none, 1, &impl::on_ack, true},
-      {"publish", L::topic, 0, &impl::on_publish},
+      {"publish", L::topic, 0, &impl::on_publish, true},
       {"subscribe", L::barrier, 1, &impl::on_subscribe},
       {"unsubscribe", L::barrier, 1, &impl::on_unsubscribe},
       {"submit", L::none, 0, &impl::on_submit, true},
@@ -519,6 +527,21 @@ std::optional<budget_spend> session::impl::admit(
     return std::nullopt;
   }
   return *spend;
+}
+
+void session::impl::admit_async(const request& rq, const identity& me, std::size_t body_bytes,
+                                std::function<void(const request&, const budget_spend&)> then) {
+  if (!take_rate(rq, me, body_bytes)) return;
+  gw->pol->async_spend_budget(me.ns, me.participant,
+                              [self = shared_from_this(), rq = later(rq),
+                               then = std::move(then)](result<budget_spend> spend) mutable {
+                                // On the thread of whichever spend drives the counter: nothing may
+                                // escape to it.
+                                self->gw->run_here([&] {
+                                  if (!spend) return self->fail(rq, spend.error());
+                                  then(rq, *spend);
+                                });
+                              });
 }
 
 void session::impl::refund(const budget_spend& spend) {

@@ -228,6 +228,13 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // The rate part of `admit`: false (and answered rate_limited) when the rate refuses.
   bool take_rate(const request& rq, const identity& me, std::size_t body_bytes);
 
+  // `admit` without blocking (send, publish, submit without a key): the rate, then the
+  // budget, spent asynchronously; `then(rq, spend)` runs once the budget is spent (at once
+  // without a budget, else on the thread of whichever spend drives the counter), with a
+  // `later` copy of the request: the frame keeps its lane until `then` returns.
+  void admit_async(const request& rq, const identity& me, std::size_t body_bytes,
+                   std::function<void(const request&, const budget_spend&)> then);
+
   void refund(const budget_spend& spend);
 
   result<void> check_body(std::string_view body);

@@ -31,16 +31,11 @@ void session::impl::on_submit(request& rq) {
                                  std::string(string_or_empty(rq.frame, "idempotency_key"))};
   if (auto m = int_at(rq.frame, "max_attempts")) options.max_attempts = static_cast<int>(*m);
   if (options.idempotency_key.empty()) {
-    if (!take_rate(rq, me, bytes)) return;
-    return gw->pol->async_spend_budget(
-        me.ns, me.participant,
-        [self = shared_from_this(), rq = later(rq), st, env = std::move(*env),
-         options = std::move(options)](result<budget_spend> spend) mutable {
-          // On the thread of whichever spend drives the counter: nothing may escape to it.
-          self->gw->run_here([&] {
-            if (!spend) return self->fail(rq, spend.error());
-            self->submit(rq, *st, std::move(env), std::move(options), *spend);
-          });
+    return admit_async(
+        rq, me, bytes,
+        [self = shared_from_this(), st, env = std::move(*env), options = std::move(options)](
+            const request& rq, const budget_spend& spend) mutable {
+          self->submit(rq, *st, std::move(env), std::move(options), spend);
         });
   }
   // A resubmission (an idempotency key already bound) counts against the rate, not the

@@ -33,9 +33,12 @@ void session::impl::on_send(request& rq) {
                             string_or_empty(rq.frame, "reply_to"),
                             string_or_empty(rq.frame, "correlation"));
   if (!env) return fail(rq, env.error());
-  auto spend = admit(rq, me, body.size());
-  if (!spend) return;
-  st->b->inbox().async_send(std::move(*env), answer_later<send_result>(rq, *spend));
+  admit_async(rq, me, body.size(),
+              [self = shared_from_this(), st, env = std::move(*env)](
+                  const request& rq, const budget_spend& spend) mutable {
+                st->b->inbox().async_send(std::move(env),
+                                          self->answer_later<send_result>(rq, spend));
+              });
 }
 
 void session::impl::on_ack(request& rq) {
@@ -81,9 +84,12 @@ void session::impl::on_publish(request& rq) {
   auto env = check_envelope(me, std::string(t.view()), body, string_or_empty(rq.frame, "type"),
                             headers_at(rq.frame), string_or_empty(rq.frame, "msg_id"));
   if (!env) return fail(rq, env.error());
-  auto spend = admit(rq, me, body.size());
-  if (!spend) return;
-  st->b->topics().async_publish(std::move(*env), answer_later<publish_result>(rq, *spend));
+  admit_async(rq, me, body.size(),
+              [self = shared_from_this(), st, env = std::move(*env)](
+                  const request& rq, const budget_spend& spend) mutable {
+                st->b->topics().async_publish(std::move(env),
+                                              self->answer_later<publish_result>(rq, spend));
+              });
 }
 
 result<replay_from> session::impl::replay_of(dom::element frame) {
@@ -129,9 +135,8 @@ void session::impl::on_subscribe(request& rq) {
     std::lock_guard lock(mu);
     auto name = string_or_empty(rq.frame, "sub");
     if (name.empty()) {
-      do {
-        name = fmt::format("s{}", next_sub++);
-      } while (subs.contains(name));
+      // Outside the names a client may choose: never one it takes later.
+      name = fmt::format("_s{}", next_sub++);
     } else if (subs.contains(name)) {
       return fail(rq, errc::conflict,
                   fmt::format("subscription {} is already in use", amp::quoted(name)));

@@ -676,7 +676,7 @@ TEST_CASE("the amp binary: sub prints events and resubscribes after sub_dropped 
   REQUIRE(subs.size() == 2);
   CHECK(subs[0].string_at("/from") == "all");
   CHECK(subs[1].int_at("/from/seq") == 8);
-  CHECK(subs[1].string_at("/sub") == "s1");
+  CHECK_FALSE(subs[1].string_at("/sub"));  // named by the server again
 }
 
 namespace {

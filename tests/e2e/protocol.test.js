@@ -349,7 +349,11 @@ for (const transport of transports()) {
       const ns = uniqueNs();
       const a = await env.connect(s, ns, 'alice');
       const named = await a.ok('subscribe', { topic: 'news.>' });
-      assert.match(named.sub, /^[a-z0-9][a-z0-9_-]{0,63}$/);
+      // A name the server makes up is one no client may choose (so never one chosen later).
+      assert.equal(named.sub, '_s1');
+      await a.fails('subscribe', { topic: 'news.>', sub: named.sub }, 'invalid_name');
+      await a.ok('subscribe', { topic: 'news.>', sub: 's1' });
+      await a.ok('unsubscribe', { sub: 's1' });
       await a.ok('subscribe', { topic: 'news.>', sub: 'two' });
       await a.fails('subscribe', { topic: 'sport.>', sub: 'two' }, 'conflict');
       await a.ok('subscribe', { topic: 'news.>', sub: 'three' });

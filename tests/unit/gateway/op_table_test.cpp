@@ -77,7 +77,8 @@ TEST_CASE("only ops that never wait for the backend run on the thread that recei
   for (const auto& op : impl::ops()) {
     if (op.on_caller) on_caller.insert(op.name);
   }
-  CHECK(on_caller == std::set<std::string_view>{"ack", "nack", "submit", "claim", "complete"});
+  CHECK(on_caller == std::set<std::string_view>{"ack", "nack", "submit", "claim", "complete",
+                                                "send", "publish"});
   auto classified = [](std::string text) {
     impl::inbound_frame f{
         .item = {.text = std::move(text)}, .barrier = true, .lane = {}, .bytes = 0};
@@ -89,7 +90,9 @@ TEST_CASE("only ops that never wait for the backend run on the thread that recei
   CHECK_FALSE(classified(R"({"op":"heartbeat","task":"t1"})"));
   CHECK(classified(R"({"op":"submit","job":"j"})"));
   CHECK_FALSE(classified(R"({"op":"submit","job":"j","idempotency_key":"k"})"));
-  CHECK_FALSE(classified(R"({"op":"send","to":"bob"})"));
+  CHECK(classified(R"({"op":"send","to":"bob"})"));
+  CHECK(classified(R"({"op":"publish","topic":"news"})"));
+  CHECK_FALSE(classified(R"({"op":"subscribe","topic":"news"})"));
   CHECK_FALSE(classified("not json"));
 }
 
