@@ -199,6 +199,22 @@ unexpected busy(const participant_name& p) {
                                                 quoted(p.view())));
 }
 
+// `not_found` for a heartbeat of `p`, whose key holds `c` (no entry, or a tombstone).
+unexpected not_live(const participant_name& p, const current& c) {
+  if (!c.rec) {
+    return unexpected(errc::not_found,
+                      fmt::format("participant {} has no registry entry (never registered, or "
+                                  "it expired)",
+                                  quoted(p.view())));
+  }
+  if (c.rec->state == record_state::expired) {
+    return unexpected(errc::not_found,
+                      fmt::format("the registration of {} expired at {}", quoted(p.view()),
+                                  format_timestamp(c.rec->entry.expires_at)));
+  }
+  return unexpected(errc::not_found, fmt::format("participant {} has left", quoted(p.view())));
+}
+
 // Collects the latest value of every key of a bucket (a watch until it has caught up).
 result<std::vector<kv_entry>> list_bucket(transport& t, const std::string& bucket) {
   struct listing {
@@ -335,8 +351,12 @@ struct registry::impl : std::enable_shared_from_this<impl> {
   bool per_key = false;
   std::string id;  // this object among the others that write loads (`record::loads`)
 
-  // The sweeper (when `!per_key`): a cache of the up entries of the bucket, kept by a
-  // watch, and one chain of timers; `generation` identifies the current link.
+  // What this object knows of entries that were up, by key: its own successful writes
+  // (registrations, refreshes), so that a heartbeat can write on the revision it
+  // remembers without reading first. With the sweeper (`!per_key`) it is also the
+  // sweeper's view of the bucket, kept by a watch, so a write of another registry
+  // is seen there too; the sweeper's chain of timers goes with it (`generation`
+  // identifies the current link). Per key, only the latest revision is kept.
   struct cached {
     std::uint64_t revision = 0;
     record rec;
@@ -344,9 +364,10 @@ struct registry::impl : std::enable_shared_from_this<impl> {
   std::shared_ptr<detail::worker_pool> pool;
   executor run;
   duration period{};
-  std::mutex mu;
+  std::mutex mu;  // never held across a transport call
   bool stopped = false;
   std::map<std::string, cached, std::less<>> cache;
+  time_point next_prune{};
   std::unique_ptr<subscription> cache_watch;
   timer_id timer = 0;
   time_point armed_at = time_point::max();
@@ -404,6 +425,60 @@ struct registry::impl : std::enable_shared_from_this<impl> {
     return busy(p);
   }
 
+  // ----- what this object remembers (`cache`) ------------------------------------------
+
+  // Keeps `rec`, the value of `key` at `revision`, unless a later revision is kept.
+  void keep_locked(const std::string& key, std::uint64_t revision, record rec) {
+    auto it = cache.find(key);
+    if (it != cache.end() && it->second.revision >= revision) return;
+    auto expires = rec.entry.expires_at;
+    if (it == cache.end()) {
+      cache.emplace(key, cached{.revision = revision, .rec = std::move(rec)});
+    } else {
+      it->second = cached{.revision = revision, .rec = std::move(rec)};
+    }
+    // Only an entry written with a shorter TTL elsewhere can be due before the next tick.
+    if (timer != 0 && expires < armed_at) arm_locked(expires);
+  }
+
+  // Remembers a successful write of this object.
+  void remember(const std::string& key, std::uint64_t revision, const record& rec) {
+    std::lock_guard lock(mu);
+    if (stopped) return;
+    keep_locked(key, revision, rec);
+    prune_locked(clock->now());
+  }
+
+  // Forgets `key`: after it was found down at revision `down_at` (0: gone, at a revision
+  // not known), or after a call on it failed (nullopt). The sweeper's view keeps an up
+  // entry until it is known to be down at a later revision (else its expiry might never
+  // be recorded): a stale revision costs one `conflict` at most.
+  void forget(const std::string& key, std::optional<std::uint64_t> down_at = std::nullopt) {
+    std::lock_guard lock(mu);
+    auto it = cache.find(key);
+    if (it == cache.end()) return;
+    if (!per_key && !(down_at && it->second.revision < *down_at)) return;
+    cache.erase(it);
+  }
+
+  // Without the sweeper nothing else empties the map of participants that vanished
+  // without leaving, so at most once per ttl the entries that ran out are dropped: it
+  // holds only what this object wrote within the last two ttl, for O(1) amortized work
+  // per write. (With the sweeper, the sweeper and the watch remove them.)
+  void prune_locked(time_point now) {
+    if (!per_key || now < next_prune) return;
+    std::erase_if(cache, [&](const auto& kv) { return kv.second.rec.entry.expires_at <= now; });
+    next_prune = now + ttl;
+  }
+
+  // The remembered value of `key` while it is up by the clock at `now`.
+  std::optional<cached> remembered(const std::string& key, time_point now) {
+    std::lock_guard lock(mu);
+    auto it = cache.find(key);
+    if (it == cache.end() || it->second.rec.entry.expires_at <= now) return std::nullopt;
+    return it->second;
+  }
+
   result<registry_entry> register_participant(const participant_name& p, std::vector<job_name> jobs,
                                               int slots, std::string_view meta_json, int load) {
     if (slots < 0 || slots > max_registry_slots) {
@@ -430,10 +505,29 @@ struct registry::impl : std::enable_shared_from_this<impl> {
       rec.entry.expires_at = to_millis(rec.entry.updated_at + ttl);
       auto rev = c->revision == 0 ? t->kv_create(bucket, key, encode(rec), key_ttl())
                                   : t->kv_update(bucket, key, encode(rec), c->revision, key_ttl());
-      if (rev) return rec.entry;
-      if (rev.error().code() != errc::conflict) return std::move(rev).error();
+      if (rev) {
+        remember(key, *rev, rec);
+        return rec.entry;
+      }
+      if (rev.error().code() != errc::conflict) {
+        forget(key);
+        return std::move(rev).error();
+      }
     }
+    forget(key);
     return busy(p);
+  }
+
+  // The refresh of `rec` at `now`, with this object's `load` when given.
+  record refreshed(record rec, std::optional<int> load, time_point now) const {
+    rec.state = record_state::refreshed;
+    if (load) {
+      rec.loads.insert_or_assign(id, *load);
+      rec.entry.load = sum_of(rec.loads);
+    }
+    rec.entry.updated_at = to_millis(now);
+    rec.entry.expires_at = to_millis(rec.entry.updated_at + ttl);
+    return rec;
   }
 
   result<registry_entry> heartbeat(const participant_name& p, std::optional<int> load) {
@@ -441,37 +535,50 @@ struct registry::impl : std::enable_shared_from_this<impl> {
       return unexpected(errc::bad_request, fmt::format("load must not be negative, not {}", *load));
     }
     auto key = subjects::registry_key(p);
+    // Nothing changed since the value remembered (the common case): one write on its
+    // revision. Never once it has run out by the clock: only a read records the expiry.
+    if (auto now = clock->now(); auto known = remembered(key, now)) {
+      auto rec = refreshed(std::move(known->rec), load, now);
+      auto rev = t->kv_update(bucket, key, encode(rec), known->revision, key_ttl());
+      if (rev) {
+        remember(key, *rev, rec);
+        return rec.entry;
+      }
+      if (rev.error().code() != errc::conflict) {
+        forget(key);
+        return std::move(rev).error();
+      }
+      // Someone else wrote it (a refresh, a registration, an expiry, a leave): read it.
+    }
+    return heartbeat_read(p, key, load);
+  }
+
+  // A heartbeat that reads the entry first: the rules for a value this object does not
+  // know.
+  result<registry_entry> heartbeat_read(const participant_name& p, const std::string& key,
+                                        std::optional<int> load) {
     for (int i = 0; i < k_attempts; ++i) {
       auto c = read_settled(p, key);
-      if (!c) return std::move(c).error();
-      if (!c->rec) {
-        return unexpected(
-            errc::not_found,
-            fmt::format("participant {} has no registry entry (never registered, or it "
-                        "expired)",
-                        quoted(p.view())));
+      if (!c) {
+        forget(key);
+        return std::move(c).error();
       }
-      if (c->rec->state == record_state::expired) {
-        return unexpected(errc::not_found,
-                          fmt::format("the registration of {} expired at {}", quoted(p.view()),
-                                      format_timestamp(c->rec->entry.expires_at)));
+      if (!c->rec || !is_up(c->rec->state)) {
+        forget(key, c->revision);
+        return not_live(p, *c);
       }
-      if (c->rec->state == record_state::left) {
-        return unexpected(errc::not_found,
-                          fmt::format("participant {} has left", quoted(p.view())));
-      }
-      record rec = *std::move(c->rec);
-      rec.state = record_state::refreshed;
-      if (load) {
-        rec.loads.insert_or_assign(id, *load);
-        rec.entry.load = sum_of(rec.loads);
-      }
-      rec.entry.updated_at = to_millis(clock->now());
-      rec.entry.expires_at = to_millis(rec.entry.updated_at + ttl);
+      auto rec = refreshed(*std::move(c->rec), load, clock->now());
       auto rev = t->kv_update(bucket, key, encode(rec), c->revision, key_ttl());
-      if (rev) return rec.entry;
-      if (rev.error().code() != errc::conflict) return std::move(rev).error();
+      if (rev) {
+        remember(key, *rev, rec);
+        return rec.entry;
+      }
+      if (rev.error().code() != errc::conflict) {
+        forget(key);
+        return std::move(rev).error();
+      }
     }
+    forget(key);
     return busy(p);
   }
 
@@ -479,12 +586,25 @@ struct registry::impl : std::enable_shared_from_this<impl> {
     auto key = subjects::registry_key(p);
     for (int i = 0; i < k_attempts; ++i) {
       auto c = read_settled(p, key);
-      if (!c) return std::move(c).error();
-      if (!c->rec || !is_up(c->rec->state)) return {};
+      if (!c) {
+        forget(key);
+        return std::move(c).error();
+      }
+      if (!c->rec || !is_up(c->rec->state)) {
+        forget(key, c->revision);
+        return {};
+      }
       auto down = write_down(key, *c, record_state::left);
-      if (down) return {};
-      if (down.error().code() != errc::conflict) return std::move(down).error();
+      if (down) {
+        forget(key, down->revision);
+        return {};
+      }
+      if (down.error().code() != errc::conflict) {
+        forget(key);
+        return std::move(down).error();
+      }
     }
+    forget(key);
     return busy(p);
   }
 
@@ -589,14 +709,15 @@ struct registry::impl : std::enable_shared_from_this<impl> {
     auto rec = e.op == kv_op::put ? decode(e.value, e.key) : std::nullopt;
     std::lock_guard lock(mu);
     if (stopped) return;
+    // A write of this object is kept as soon as it succeeds: the watch may bring what
+    // came before it later.
     if (!rec || !is_up(rec->state)) {
-      cache.erase(e.key);
+      if (auto it = cache.find(e.key); it != cache.end() && it->second.revision < e.revision) {
+        cache.erase(it);
+      }
       return;
     }
-    auto expires = rec->entry.expires_at;
-    cache.insert_or_assign(e.key, cached{.revision = e.revision, .rec = *std::move(rec)});
-    // Only an entry written with a shorter TTL elsewhere can be due before the next tick.
-    if (timer != 0 && expires < armed_at) arm_locked(expires);
+    keep_locked(e.key, e.revision, *std::move(rec));
   }
 
   void arm_locked(time_point at) {

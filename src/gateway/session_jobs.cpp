@@ -34,8 +34,8 @@ void session::impl::on_submit(request& rq) {
     return admit_async(
         rq, me, bytes,
         [self = shared_from_this(), st, env = std::move(*env), options = std::move(options)](
-            const request& rq, const budget_spend& spend) mutable {
-          self->submit(rq, *st, std::move(env), std::move(options), spend);
+            const request& admitted, const budget_spend& spend) mutable {
+          self->submit(admitted, *st, std::move(env), std::move(options), spend);
         });
   }
   // A resubmission (an idempotency key already bound) counts against the rate, not the

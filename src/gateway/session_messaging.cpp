@@ -35,9 +35,9 @@ void session::impl::on_send(request& rq) {
   if (!env) return fail(rq, env.error());
   admit_async(rq, me, body.size(),
               [self = shared_from_this(), st, env = std::move(*env)](
-                  const request& rq, const budget_spend& spend) mutable {
+                  const request& admitted, const budget_spend& spend) mutable {
                 st->b->inbox().async_send(std::move(env),
-                                          self->answer_later<send_result>(rq, spend));
+                                          self->answer_later<send_result>(admitted, spend));
               });
 }
 
@@ -86,9 +86,9 @@ void session::impl::on_publish(request& rq) {
   if (!env) return fail(rq, env.error());
   admit_async(rq, me, body.size(),
               [self = shared_from_this(), st, env = std::move(*env)](
-                  const request& rq, const budget_spend& spend) mutable {
+                  const request& admitted, const budget_spend& spend) mutable {
                 st->b->topics().async_publish(std::move(env),
-                                              self->answer_later<publish_result>(rq, spend));
+                                              self->answer_later<publish_result>(admitted, spend));
               });
 }
 

@@ -8,9 +8,10 @@
 /// Watchers see a participant go `up` when it registers (again) and `down` exactly once
 /// when it expires or leaves; a refresh is not an event.
 ///
-/// Every change is a compare-and-set on the revision that was read, so a heartbeat never
-/// revives an entry that expired or left meanwhile, and an expiry is recorded exactly
-/// once however many registries (gateways) share the bucket:
+/// Every change is a compare-and-set on the revision that was read (or, for a heartbeat,
+/// the one this registry object last wrote or saw), so a heartbeat never revives an entry
+/// that expired or left meanwhile, and an expiry is recorded exactly once however many
+/// registries (gateways) share the bucket:
 /// - with per-key TTL (`transport::caps().per_key_ttl`, unless
 ///   `broker_config::registry_force_sweeper`), each write carries the TTL and the backend
 ///   removes the entry when it runs out;
@@ -136,6 +137,9 @@ class registry {
   /// registry_ttl`), and, when `load` is given, sets the leases held through this registry
   /// object: the entry's load is then the sum of what every registry object (every gateway)
   /// last said. No event for watchers.
+  /// Cost: one compare-and-set write when the entry is as this registry object last wrote
+  /// it (or, with the sweeper, last saw it) and has not run out by the clock; otherwise,
+  /// or when that write finds the entry changed, a read and a write.
   /// Returns the refreshed entry.
   /// Errors: `not_found` when it has no live entry (never registered, left, or expired:
   /// the caller registers again); `bad_request` for a negative `load`; `conflict` when

@@ -18,8 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "amp/subjects.hpp"
 #include "amp/timestamp.hpp"
 #include "broker/cases/broker_helpers.hpp"
+#include "broker/cases/faulty_transport.hpp"
 
 namespace amp::broker_testing {
 namespace {
@@ -61,6 +63,36 @@ std::vector<std::string> names_of(const std::vector<registry_entry>& entries) {
 bool is_event(const presence_event& e, std::string_view who, presence_state s, presence_reason r) {
   return e.participant.view() == who && e.state == s && e.reason == r;
 }
+
+// The KV operations of one key that reach the backend through a faulty_transport, by
+// name ("kv_get", "kv_update", ...), in order.
+class kv_op_log {
+ public:
+  static std::shared_ptr<kv_op_log> on(faulty_transport& t, std::string key) {
+    auto log = std::make_shared<kv_op_log>();
+    t.set_fault([log, key = std::move(key)](std::string_view op,
+                                            std::string_view what) -> std::optional<error> {
+      if (what == key && op.starts_with("kv_")) {
+        std::lock_guard lock(log->mu_);
+        log->ops_.emplace_back(op);
+      }
+      return std::nullopt;
+    });
+    return log;
+  }
+
+  // What was logged since the last call.
+  std::vector<std::string> take() {
+    std::lock_guard lock(mu_);
+    return std::exchange(ops_, {});
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> ops_;
+};
+
+using ops = std::vector<std::string>;
 
 constexpr auto up = presence_state::up;
 constexpr auto down = presence_state::down;
@@ -450,6 +482,188 @@ TEST_CASE("registry: heartbeats racing the expiry never lose or repeat a down ev
       CHECK(is_event(ev[i], "w1", down, expired));
     }
   }
+}
+
+TEST_CASE("registry: a heartbeat when nothing changed is one write", "[registry]") {
+  auto fx = make_fixture();
+  auto cfg = config_for(*fx);
+  cfg.registry_ttl = fx->real_time() ? 3s : 30s;
+  cfg.registry_force_sweeper = GENERATE(false, true);
+  auto t = std::make_shared<faulty_transport>(fx->shared_transport());
+  auto w = pname("w1");
+  auto bucket = subjects::registry_bucket(cfg.ns);
+  auto key = subjects::registry_key(w);
+  auto log = kv_op_log::on(*t, key);
+  auto reg = must(registry::open(t, cfg));
+  auto revision = [&] { return must(fx->transport().kv_get(bucket, key)).revision; };
+
+  auto last = must(reg->register_participant(w, {jname("resize")}, 4, "{}", 1));
+  auto registered_at = revision();
+  for (int i = 1; i <= 3; ++i) {
+    fx->advance(cfg.registry_ttl / 4);
+    log->take();
+    auto hb = must(reg->heartbeat(w, i == 2 ? std::optional(2) : std::nullopt));
+    CHECK(log->take() == ops{"kv_update"});
+    CHECK(revision() == registered_at + static_cast<std::uint64_t>(i));
+    CHECK(hb.updated_at > last.updated_at);
+    CHECK(hb.expires_at - hb.updated_at == cfg.registry_ttl);
+    CHECK(hb.load == (i >= 2 ? 2 : 1));
+    CHECK(hb.jobs == last.jobs);
+    CHECK(hb.slots == 4);
+    CHECK(must(reg->get(w)) == hb);
+    last = hb;
+  }
+}
+
+TEST_CASE("registry: a heartbeat after another gateway wrote the entry keeps both loads",
+          "[registry]") {
+  auto fx = make_fixture();
+  auto cfg = config_for(*fx);
+  cfg.registry_force_sweeper = GENERATE(false, true);
+  auto t = std::make_shared<faulty_transport>(fx->shared_transport());
+  auto w = pname("w");
+  auto log = kv_op_log::on(*t, subjects::registry_key(w));
+  auto one = must(registry::open(t, cfg));
+  auto two = must(registry::open(t, cfg));  // another gateway's
+
+  must(one->register_participant(w, {jname("resize")}, 8, "{}", 2));
+  CHECK(must(one->heartbeat(w)).load == 2);
+  CHECK(must(two->heartbeat(w, 3)).load == 5);
+  log->take();
+  // What `one` wrote last is not the entry any more: without a watch of the bucket it
+  // finds out by its write failing, and reads.
+  auto hb = must(one->heartbeat(w, 1));
+  CHECK(hb.load == 4);
+  auto seen = log->take();
+  if (one->uses_sweeper()) {
+    CHECK((seen == ops{"kv_update"} || seen == ops{"kv_update", "kv_get", "kv_update"}));
+  } else {
+    CHECK(seen == ops{"kv_update", "kv_get", "kv_update"});
+  }
+  CHECK(must(two->get(w)) == hb);
+  CHECK(must(two->heartbeat(w)).load == 4);
+  CHECK(must(one->heartbeat(w)).load == 4);
+  CHECK(must(two->heartbeat(w, 0)).load == 1);
+  CHECK(must(one->heartbeat(w, 5)).load == 5);
+  CHECK(must(one->get(w))->load == 5);
+}
+
+TEST_CASE(
+    "registry: a heartbeat once the entry ran out by the clock is not_found and refreshes "
+    "nothing",
+    "[registry]") {
+  auto fx = make_fixture();
+  auto cfg = config_for(*fx);
+  // On memory the backend's TTL is whole seconds, rounded up: at 1.7 s the entry has run
+  // out by the clock while the backend still holds it as it was written.
+  cfg.registry_ttl = fx->real_time() ? 1s : 1500ms;
+  cfg.registry_force_sweeper = GENERATE(false, true);
+  auto t = std::make_shared<faulty_transport>(fx->shared_transport());
+  auto w = pname("w1");
+  auto bucket = subjects::registry_bucket(cfg.ns);
+  auto key = subjects::registry_key(w);
+  auto log = kv_op_log::on(*t, key);
+  auto reg = must(registry::open(t, cfg));
+  recorder rec;
+  auto watch = must(reg->watch(rec.callback()));
+  auto entry = must(reg->register_participant(w, {}, 1, "{}"));
+  must(reg->heartbeat(w));
+  entry = must(reg->get(w)).value();
+
+  fx->advance(cfg.registry_ttl + (fx->real_time() ? 0ms : 200ms));
+  log->take();
+  auto hb = reg->heartbeat(w);
+  CHECK(code_of(hb) == errc::not_found);
+  CHECK_THAT(text_of(hb), Catch::Contains("expired"));
+  // A read, and at most the write that records the expiry (unless a sweeper or the
+  // backend did already).
+  auto seen = log->take();
+  CHECK((seen == ops{"kv_get"} || seen == ops{"kv_get", "kv_update"}));
+  if (auto stored = fx->transport().kv_get(bucket, key)) {
+    CHECK_THAT(stored->value, Catch::Contains(R"("state":"expired")"));
+    CHECK_THAT(stored->value,
+               Catch::Contains(R"("expires_at":")" + format_timestamp(entry.expires_at) + "\""));
+  } else {
+    CHECK(code_of(stored) == errc::not_found);
+  }
+  CHECK(must(reg->get(w)) == std::nullopt);
+
+  log->take();
+  CHECK(code_of(reg->heartbeat(w)) == errc::not_found);
+  CHECK(log->take() == ops{"kv_get"});
+  auto ev = rec.settled(*reg);
+  REQUIRE(ev.size() == 2);
+  CHECK(is_event(ev[0], "w1", up, registered));
+  CHECK(is_event(ev[1], "w1", down, expired));
+}
+
+TEST_CASE("registry: a heartbeat after a leave is not_found and writes nothing", "[registry]") {
+  auto fx = make_fixture();
+  auto cfg = config_for(*fx);
+  cfg.registry_force_sweeper = GENERATE(false, true);
+  const bool other_leaves = GENERATE(false, true);  // through another gateway's registry
+  auto t = std::make_shared<faulty_transport>(fx->shared_transport());
+  auto w = pname("w1");
+  auto bucket = subjects::registry_bucket(cfg.ns);
+  auto key = subjects::registry_key(w);
+  auto log = kv_op_log::on(*t, key);
+  auto one = must(registry::open(t, cfg));
+  auto two = must(registry::open(t, cfg));
+  must(one->register_participant(w, {}, 1, "{}"));
+  must(one->heartbeat(w));
+
+  must((other_leaves ? two : one)->leave(w));
+  auto before = must(fx->transport().kv_get(bucket, key));
+  log->take();
+  auto hb = one->heartbeat(w);
+  CHECK(code_of(hb) == errc::not_found);
+  CHECK_THAT(text_of(hb), Catch::Contains("left"));
+  auto seen = log->take();
+  CHECK((seen == ops{"kv_get"} || seen == ops{"kv_update", "kv_get"}));  // the update: refused
+  auto after = must(fx->transport().kv_get(bucket, key));
+  CHECK(after.revision == before.revision);
+  CHECK(after.value == before.value);
+  CHECK_THAT(after.value, Catch::Contains(R"("state":"left")"));
+  CHECK(must(one->get(w)) == std::nullopt);
+
+  // The registry forgot it: a read only. (A sweeper's watch that lags behind on a real
+  // backend may bring back the entry as it was before the leave, for a moment.)
+  log->take();
+  CHECK(code_of(one->heartbeat(w)) == errc::not_found);
+  seen = log->take();
+  if (fx->real_time() && one->uses_sweeper()) {
+    CHECK((seen == ops{"kv_get"} || seen == ops{"kv_update", "kv_get"}));
+  } else {
+    CHECK(seen == ops{"kv_get"});
+  }
+}
+
+TEST_CASE("registry: after a heartbeat whose answer was lost the next one refreshes the entry",
+          "[registry]") {
+  auto fx = make_fixture();
+  auto cfg = config_for(*fx);
+  cfg.registry_ttl = fx->real_time() ? 3s : 30s;
+  cfg.registry_force_sweeper = GENERATE(false, true);
+  auto t = std::make_shared<faulty_transport>(fx->shared_transport());
+  auto w = pname("w1");
+  auto reg = must(registry::open(t, cfg));
+  must(reg->register_participant(w, {}, 2, "{}"));
+
+  // The write lands, but its answer is lost.
+  t->hold_updates([&](std::string_view k) { return k == subjects::registry_key(w); });
+  fx->advance(cfg.registry_ttl / 4);
+  CHECK(code_of(reg->heartbeat(w, 1)) == errc::unavailable);
+  CHECK(t->land_held() == 1);
+  CHECK(must(reg->get(w))->load == 1);
+
+  fx->advance(cfg.registry_ttl / 4);
+  auto hb = must(reg->heartbeat(w));
+  CHECK(hb.load == 1);
+  CHECK(must(reg->get(w)) == hb);
+  fx->advance(cfg.registry_ttl / 4);
+  auto again = must(reg->heartbeat(w, 2));
+  CHECK(again.expires_at > hb.expires_at);
+  CHECK(must(reg->get(w)) == again);
 }
 
 }  // namespace amp::broker_testing
