@@ -4,6 +4,8 @@
 
 #include "gateway/session_impl.hpp"
 
+#include <thread>
+
 #include <fmt/format.h>
 
 #include "amp/detail/embedded_schemas.hpp"
@@ -164,16 +166,10 @@ std::string name_problem(std::string_view op, std::string_view pointer, dom::ele
     if (auto r = task_id::make(text); !r) e = r.error();
   }
   if (e) return fmt::format("{}: {}", pointer, e->message());
-  if (member == "sub" && op == "unsubscribe") {
+  if (member == "sub") {
     return fmt::format(
         "{}: {} is not a subscription name (^[a-z0-9][a-z0-9_-]{{0,63}}$, or _s1, _s2, ... as "
         "the server names them)",
-        pointer, amp::quoted(text));
-  }
-  if (member == "sub") {
-    return fmt::format(
-        "{}: {} is not a subscription name (^[a-z0-9][a-z0-9_-]{{0,63}}$; names starting with _ "
-        "are those the server makes up)",
         pointer, amp::quoted(text));
   }
   return fmt::format("{}: {} is not a valid name", pointer, amp::quoted(text));
@@ -532,16 +528,35 @@ std::optional<budget_spend> session::impl::admit(
 void session::impl::admit_async(const request& rq, const identity& me, std::size_t body_bytes,
                                 std::function<void(const request&, const budget_spend&)> then) {
   if (!take_rate(rq, me, body_bytes)) return;
-  gw->pol->async_spend_budget(me.ns, me.participant,
-                              [self = shared_from_this(), rq = later(rq),
-                               then = std::move(then)](result<budget_spend> spend) mutable {
-                                // On the thread of whichever spend drives the counter: nothing may
-                                // escape to it.
-                                self->gw->run_here([&] {
-                                  if (!spend) return self->fail(rq, spend.error());
-                                  then(rq, *spend);
-                                });
-                              });
+  // Whether the budget answered inside `async_spend_budget` (no budget, or one that needs no
+  // backend): then the operation goes on on this thread; else on the executor, not on the
+  // thread of whichever spend drove the counter (a transport's), where the frames let go
+  // of by this one would start too.
+  auto answering = std::make_shared<std::atomic<bool>>(true);
+  const auto caller = std::this_thread::get_id();
+  auto go_on = [self = shared_from_this(), rq = later(rq),
+                then = std::move(then)](const result<budget_spend>& spend) {
+    self->gw->run_here([&] {
+      if (!spend) return self->fail(rq, spend.error());
+      try {
+        then(rq, *spend);
+      } catch (const std::exception& e) {
+        self->gw->log("error", "internal",
+                      fmt::format("\"session\":{},\"op\":{},\"what\":{}", json_quote(self->id),
+                                  json_quote(rq.op), json_quote(e.what())));
+        self->refund(*spend);
+        self->fail(rq, errc::internal, "internal error");
+      }
+    });
+  };
+  gw->pol->async_spend_budget(
+      me.ns, me.participant,
+      [self = shared_from_this(), answering, caller,
+       go_on = std::move(go_on)](result<budget_spend> spend) mutable {
+        if (answering->load() && std::this_thread::get_id() == caller) return go_on(spend);
+        self->gw->post([go_on = std::move(go_on), spend = std::move(spend)] { go_on(spend); });
+      });
+  answering->store(false);
 }
 
 void session::impl::refund(const budget_spend& spend) {

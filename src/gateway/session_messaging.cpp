@@ -135,8 +135,10 @@ void session::impl::on_subscribe(request& rq) {
     std::lock_guard lock(mu);
     auto name = string_or_empty(rq.frame, "sub");
     if (name.empty()) {
-      // Outside the names a client may choose: never one it takes later.
-      name = fmt::format("_s{}", next_sub++);
+      // Outside the names a client makes up; one it reused is passed over.
+      do {
+        name = fmt::format("_s{}", next_sub++);
+      } while (subs.contains(name));
     } else if (subs.contains(name)) {
       return fail(rq, errc::conflict,
                   fmt::format("subscription {} is already in use", amp::quoted(name)));

@@ -349,11 +349,24 @@ for (const transport of transports()) {
       const ns = uniqueNs();
       const a = await env.connect(s, ns, 'alice');
       const named = await a.ok('subscribe', { topic: 'news.>' });
-      // A name the server makes up is one no client may choose (so never one chosen later).
+      // A name the server makes up is outside those a client makes up (never one chosen later);
+      // a client may reuse it once it is free.
       assert.equal(named.sub, '_s1');
-      await a.fails('subscribe', { topic: 'news.>', sub: named.sub }, 'invalid_name');
+      await a.fails('subscribe', { topic: 'news.>', sub: named.sub }, 'conflict');
+      await a.fails('subscribe', { topic: 'news.>', sub: '_x' }, 'invalid_name');
       await a.ok('subscribe', { topic: 'news.>', sub: 's1' });
       await a.ok('unsubscribe', { sub: 's1' });
+      await a.ok('unsubscribe', { sub: named.sub });
+      await a.ok('subscribe', { topic: 'news.>', sub: named.sub });
+      await a.ok('unsubscribe', { sub: named.sub });
+      const next = await a.ok('subscribe', { topic: 'news.>' });
+      assert.equal(next.sub, '_s2');
+      await a.ok('unsubscribe', { sub: next.sub });
+      await a.ok('subscribe', { topic: 'news.>', sub: named.sub });
+      await a.ok('subscribe', { topic: 'news.>', sub: '_s3' });
+      assert.equal((await a.ok('subscribe', { topic: 'news.>' })).sub, '_s4', 'a name in use is passed over');
+      await a.ok('unsubscribe', { sub: '_s3' });
+      await a.ok('unsubscribe', { sub: '_s4' });
       await a.ok('subscribe', { topic: 'news.>', sub: 'two' });
       await a.fails('subscribe', { topic: 'sport.>', sub: 'two' }, 'conflict');
       await a.ok('subscribe', { topic: 'news.>', sub: 'three' });

@@ -18,16 +18,17 @@
 /// Threads. `receive`, `receive_binary` and `closed` never block on the backend: they
 /// queue the frame and hand it to the gateway's executor, except the ops that never wait
 /// for the backend (`ack`, `nack`, `claim`, `complete` of a lease this gateway granted or
-/// extended, `submit` without an idempotency key), which run at once on the calling thread
-/// when nothing before them holds them back (that thread may still wait for room in the
-/// NATS connection's socket, as any thread that publishes does). Frames of one session
-/// that act on different things run at once (up to 64); frames on the same task, sends to
-/// the same recipient and publishes on the same topic run one at a time in the order
-/// received, and every other op (hello, register, heartbeat, bye, subscribe, watch, who …)
-/// waits for what came before it and runs alone (docs/protocol.md). Replies to concurrent
-/// requests may come in any order; each carries its request's `id`. The carrier is called
-/// from the calling thread, the executor's threads and the transport's threads, never
-/// concurrently for one session.
+/// extended, `send`, `publish`, `submit` without an idempotency key), which run at once on
+/// the calling thread when nothing before them holds them back (that thread may still wait
+/// for room in the NATS connection's socket, as any thread that publishes does). Frames of
+/// one session that act on different things run at once (up to 64); frames on the same task
+/// run one at a time in the order received; sends to the same recipient and publishes on
+/// the same topic are handed to the backend one at a time in the order received, without
+/// waiting for one another's answers; every other op (hello, register, heartbeat, bye,
+/// subscribe, watch, who …) waits for what came before it and runs alone
+/// (docs/protocol.md). Replies to concurrent requests may come in any order; each carries
+/// its request's `id`. The carrier is called from the calling thread, the executor's
+/// threads and the transport's threads, never concurrently for one session.
 
 #include <cstddef>
 #include <cstdint>

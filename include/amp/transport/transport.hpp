@@ -362,9 +362,9 @@ class transport {
   /// Order: publishes handed over one after another (each `async_publish` returned before
   /// the next is called) are stored in that order, without waiting for one another's
   /// answers (JetStream: written in turn on one connection). The one exception is a publish
-  /// the backend must retry (JetStream: the stream had no leader for a moment): it may be
-  /// stored after publishes handed over later; its `msg_id` keeps a caller's own retry
-  /// from storing it twice.
+  /// the backend must retry (JetStream: the stream had no leader for a moment, or the
+  /// connection was down when it was handed over): it may be stored after publishes handed
+  /// over later; its `msg_id` keeps a retry from storing it twice.
   void async_publish(outgoing_message msg, completion<publish_ack> done);
   result<publish_ack> publish(outgoing_message msg);
 
