@@ -544,7 +544,7 @@ void session::impl::admit_async(const request& rq, const identity& me, std::size
         self->gw->log("error", "internal",
                       fmt::format("\"session\":{},\"op\":{},\"what\":{}", json_quote(self->id),
                                   json_quote(rq.op), json_quote(e.what())));
-        self->refund(*spend);
+        self->gw->pol->async_refund_budget(*spend, [](result<void>) {});
         self->fail(rq, errc::internal, "internal error");
       }
     });

@@ -256,20 +256,22 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
     return [self = shared_from_this(), rq = pipelined(rq), spend,
             started = std::chrono::steady_clock::now()](result<Stored> stored) {
       self->gw->metrics.backend(detail::session_util::seconds_since(started));
-      if (!stored || stored->duplicate) {
-        // The refund may block: not on the transport's thread.
-        return self->gw->post(
-            [self, rq, spend, stored] { self->answer_stored(rq, spend, stored); });
+      if ((!stored || stored->duplicate) && spend.counted()) {
+        // A failure or a duplicate gives the budget unit back (a duplicate costs rate, not
+        // budget), then is answered. Asynchronously: this may run inside the spend's own
+        // completion (the memory transport answers at once), where a refund that waited
+        // for the budget's counter would wait for itself.
+        return self->gw->pol->async_refund_budget(spend, [self, rq, stored](result<void>) {
+          self->gw->run_here([&] { self->answer_stored(rq, stored); });
+        });
       }
-      self->answer_stored(rq, spend, stored);
+      self->answer_stored(rq, stored);
     };
   }
 
-  // The answer to a send or publish (`send_result`, `publish_result`): a failure or a
-  // duplicate gives the budget unit back (a duplicate costs rate, not budget).
+  // The answer to a send or publish (`send_result`, `publish_result`).
   template <class Stored>
-  void answer_stored(const request& rq, const budget_spend& spend, const result<Stored>& stored) {
-    if (!stored || stored->duplicate) refund(spend);
+  void answer_stored(const request& rq, const result<Stored>& stored) {
     if (!stored) return fail(rq, stored.error());
     json_writer w;
     w.begin_object().key("seq").integer(stored->seq).key("msg_id").string(stored->msg_id);

@@ -815,6 +815,27 @@ TEST_CASE("rate limits answer rate_limited with retry_after_ms, budgets budget_e
         "budget_exhausted");
 }
 
+TEST_CASE("a duplicate send or publish gives its budget unit back, also when answered at once",
+          "[session]") {
+  // The memory transport answers inside the budget's own completion: the refund must not
+  // wait for the budget's counter there (it once did, and the session hung).
+  gateway_rig rig([](amp::server_config& c) { c.default_policy.budget.per_day = 3; });
+  auto a = rig.connect("alice");
+  auto first = a.request(R"({"op":"send","id":1,"to":"bob","body":1,"msg_id":"x"})", "1");
+  REQUIRE(first.op() == "ok");  // unit 1
+  auto again = a.request(R"({"op":"send","id":2,"to":"bob","body":1,"msg_id":"x"})", "2");
+  REQUIRE(again.op() == "ok");  // unit 2, given back
+  CHECK(again.flag("/duplicate"));
+  CHECK(again.num("/seq") == first.num("/seq"));
+  auto published = a.request(R"({"op":"publish","id":3,"topic":"t","body":1,"msg_id":"p"})", "3");
+  REQUIRE(published.op() == "ok");  // unit 2
+  auto dup = a.request(R"({"op":"publish","id":4,"topic":"t","body":1,"msg_id":"p"})", "4");
+  REQUIRE(dup.op() == "ok");  // unit 3, given back
+  CHECK(dup.flag("/duplicate"));
+  CHECK(a.request(R"({"op":"send","id":5,"to":"bob","body":2})", "5").op() == "ok");  // unit 3
+  CHECK(a.request(R"({"op":"send","id":6,"to":"bob","body":3})", "6").code() == "budget_exhausted");
+}
+
 TEST_CASE("a body schema of the message type refuses a mismatch with its path", "[session]") {
   auto dir = std::filesystem::temp_directory_path() / "amp-session-schema-test";
   std::filesystem::create_directories(dir);
