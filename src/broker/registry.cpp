@@ -472,11 +472,11 @@ struct registry::impl : std::enable_shared_from_this<impl> {
   }
 
   // The remembered value of `key` while it is up by the clock at `now`.
-  std::optional<cached> remembered(const std::string& key, time_point now) {
+  std::optional<current> remembered(const std::string& key, time_point now) {
     std::lock_guard lock(mu);
     auto it = cache.find(key);
     if (it == cache.end() || it->second.rec.entry.expires_at <= now) return std::nullopt;
-    return it->second;
+    return current{.revision = it->second.revision, .rec = it->second.rec};
   }
 
   result<registry_entry> register_participant(const participant_name& p, std::vector<job_name> jobs,
@@ -503,19 +503,26 @@ struct registry::impl : std::enable_shared_from_this<impl> {
       if (!c) return std::move(c).error();
       rec.entry.updated_at = to_millis(clock->now());
       rec.entry.expires_at = to_millis(rec.entry.updated_at + ttl);
-      auto rev = c->revision == 0 ? t->kv_create(bucket, key, encode(rec), key_ttl())
-                                  : t->kv_update(bucket, key, encode(rec), c->revision, key_ttl());
-      if (rev) {
-        remember(key, *rev, rec);
-        return rec.entry;
-      }
-      if (rev.error().code() != errc::conflict) {
-        forget(key);
-        return std::move(rev).error();
-      }
+      auto rev = write_up(key, rec, c->revision);
+      if (rev) return rec.entry;
+      if (rev.error().code() != errc::conflict) return std::move(rev).error();
     }
     forget(key);
     return busy(p);
+  }
+
+  // Writes `rec`, an up entry, on `revision` (0: creates the key) and remembers it; forgets
+  // the key after an error other than `conflict` (someone else wrote it).
+  result<std::uint64_t> write_up(const std::string& key, const record& rec,
+                                 std::uint64_t revision) {
+    auto rev = revision == 0 ? t->kv_create(bucket, key, encode(rec), key_ttl())
+                             : t->kv_update(bucket, key, encode(rec), revision, key_ttl());
+    if (rev) {
+      remember(key, *rev, rec);
+    } else if (rev.error().code() != errc::conflict) {
+      forget(key);
+    }
+    return rev;
   }
 
   // The refresh of `rec` at `now`, with this object's `load` when given.
@@ -535,30 +542,13 @@ struct registry::impl : std::enable_shared_from_this<impl> {
       return unexpected(errc::bad_request, fmt::format("load must not be negative, not {}", *load));
     }
     auto key = subjects::registry_key(p);
-    // Nothing changed since the value remembered (the common case): one write on its
-    // revision. Never once it has run out by the clock: only a read records the expiry.
-    if (auto now = clock->now(); auto known = remembered(key, now)) {
-      auto rec = refreshed(std::move(known->rec), load, now);
-      auto rev = t->kv_update(bucket, key, encode(rec), known->revision, key_ttl());
-      if (rev) {
-        remember(key, *rev, rec);
-        return rec.entry;
-      }
-      if (rev.error().code() != errc::conflict) {
-        forget(key);
-        return std::move(rev).error();
-      }
-      // Someone else wrote it (a refresh, a registration, an expiry, a leave): read it.
-    }
-    return heartbeat_read(p, key, load);
-  }
-
-  // A heartbeat that reads the entry first: the rules for a value this object does not
-  // know.
-  result<registry_entry> heartbeat_read(const participant_name& p, const std::string& key,
-                                        std::optional<int> load) {
+    // The first attempt writes on the value remembered, when there is one that has not run
+    // out by the clock (only a read records an expiry): when nothing changed since, that
+    // is the one operation. A `conflict` (someone else wrote it: a refresh, a
+    // registration, an expiry, a leave) reads it.
+    auto known = remembered(key, clock->now());
     for (int i = 0; i < k_attempts; ++i) {
-      auto c = read_settled(p, key);
+      auto c = known ? result<current>(*std::exchange(known, std::nullopt)) : read_settled(p, key);
       if (!c) {
         forget(key);
         return std::move(c).error();
@@ -568,15 +558,9 @@ struct registry::impl : std::enable_shared_from_this<impl> {
         return not_live(p, *c);
       }
       auto rec = refreshed(*std::move(c->rec), load, clock->now());
-      auto rev = t->kv_update(bucket, key, encode(rec), c->revision, key_ttl());
-      if (rev) {
-        remember(key, *rev, rec);
-        return rec.entry;
-      }
-      if (rev.error().code() != errc::conflict) {
-        forget(key);
-        return std::move(rev).error();
-      }
+      auto rev = write_up(key, rec, c->revision);
+      if (rev) return rec.entry;
+      if (rev.error().code() != errc::conflict) return std::move(rev).error();
     }
     forget(key);
     return busy(p);

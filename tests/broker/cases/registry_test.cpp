@@ -94,6 +94,23 @@ class kv_op_log {
 
 using ops = std::vector<std::string>;
 
+// A faulty_transport over the fixture's, logging the KV operations on the registry key of
+// participant `name`.
+struct logged_key {
+  logged_key(conformance::fixture& fx, const broker_config& cfg, std::string_view name)
+      : t(std::make_shared<faulty_transport>(fx.shared_transport())),
+        w(pname(name)),
+        bucket(subjects::registry_bucket(cfg.ns)),
+        key(subjects::registry_key(w)),
+        log(kv_op_log::on(*t, key)) {}
+
+  std::shared_ptr<faulty_transport> t;
+  participant_name w;
+  std::string bucket;
+  std::string key;
+  std::shared_ptr<kv_op_log> log;
+};
+
 constexpr auto up = presence_state::up;
 constexpr auto down = presence_state::down;
 constexpr auto registered = presence_reason::registered;
@@ -489,13 +506,10 @@ TEST_CASE("registry: a heartbeat when nothing changed is one write", "[registry]
   auto cfg = config_for(*fx);
   cfg.registry_ttl = fx->real_time() ? 3s : 30s;
   cfg.registry_force_sweeper = GENERATE(false, true);
-  auto t = std::make_shared<faulty_transport>(fx->shared_transport());
-  auto w = pname("w1");
-  auto bucket = subjects::registry_bucket(cfg.ns);
-  auto key = subjects::registry_key(w);
-  auto log = kv_op_log::on(*t, key);
+  logged_key k(*fx, cfg, "w1");
+  auto& [t, w, bucket, key, log] = k;
   auto reg = must(registry::open(t, cfg));
-  auto revision = [&] { return must(fx->transport().kv_get(bucket, key)).revision; };
+  auto revision = [&] { return must(fx->transport().kv_get(k.bucket, k.key)).revision; };
 
   auto last = must(reg->register_participant(w, {jname("resize")}, 4, "{}", 1));
   auto registered_at = revision();
@@ -520,9 +534,8 @@ TEST_CASE("registry: a heartbeat after another gateway wrote the entry keeps bot
   auto fx = make_fixture();
   auto cfg = config_for(*fx);
   cfg.registry_force_sweeper = GENERATE(false, true);
-  auto t = std::make_shared<faulty_transport>(fx->shared_transport());
-  auto w = pname("w");
-  auto log = kv_op_log::on(*t, subjects::registry_key(w));
+  logged_key k(*fx, cfg, "w");
+  auto& [t, w, bucket, key, log] = k;
   auto one = must(registry::open(t, cfg));
   auto two = must(registry::open(t, cfg));  // another gateway's
 
@@ -558,11 +571,8 @@ TEST_CASE(
   // out by the clock while the backend still holds it as it was written.
   cfg.registry_ttl = fx->real_time() ? 1s : 1500ms;
   cfg.registry_force_sweeper = GENERATE(false, true);
-  auto t = std::make_shared<faulty_transport>(fx->shared_transport());
-  auto w = pname("w1");
-  auto bucket = subjects::registry_bucket(cfg.ns);
-  auto key = subjects::registry_key(w);
-  auto log = kv_op_log::on(*t, key);
+  logged_key k(*fx, cfg, "w1");
+  auto& [t, w, bucket, key, log] = k;
   auto reg = must(registry::open(t, cfg));
   recorder rec;
   auto watch = must(reg->watch(rec.callback()));
@@ -602,11 +612,8 @@ TEST_CASE("registry: a heartbeat after a leave is not_found and writes nothing",
   auto cfg = config_for(*fx);
   cfg.registry_force_sweeper = GENERATE(false, true);
   const bool other_leaves = GENERATE(false, true);  // through another gateway's registry
-  auto t = std::make_shared<faulty_transport>(fx->shared_transport());
-  auto w = pname("w1");
-  auto bucket = subjects::registry_bucket(cfg.ns);
-  auto key = subjects::registry_key(w);
-  auto log = kv_op_log::on(*t, key);
+  logged_key k(*fx, cfg, "w1");
+  auto& [t, w, bucket, key, log] = k;
   auto one = must(registry::open(t, cfg));
   auto two = must(registry::open(t, cfg));
   must(one->register_participant(w, {}, 1, "{}"));
