@@ -25,6 +25,12 @@ namespace {
 
 // How long a waiting fetch waits before it is re-issued.
 constexpr duration k_fetch_wait = std::chrono::seconds(5);
+// A parked participant (nothing in flight, its last fetch found nothing) has no fetch out;
+// it looks once in this long all the same, and at least twice per inactive_threshold.
+constexpr duration k_parked_look = std::chrono::minutes(2);
+// A fetch made this long after a nak fell due has seen its redelivery (the server's timer
+// may be late): only then may the loop park.
+constexpr duration k_nak_margin = std::chrono::seconds(1);
 // Backoff between fetches that fail (backend unavailable, consumer missing).
 constexpr duration k_min_backoff = std::chrono::milliseconds(100);
 constexpr duration k_max_backoff = std::chrono::seconds(5);
@@ -39,6 +45,8 @@ using detail::k_peer_header;
 constexpr std::string_view k_seq_header = "Amp-Seq";
 constexpr std::string_view k_delivery_header = "Amp-Delivery";
 constexpr std::string_view k_ack_header = "Amp-Ack";
+// On a `settled` event of a nak: in how many milliseconds the consumer redelivers it.
+constexpr std::string_view k_nak_header = "Amp-Nak-Ms";
 constexpr std::string_view k_delivered_event = "delivered";
 constexpr std::string_view k_settled_event = "settled";
 // A mailbox got its first reader (the others answer `present` when they have readers too),
@@ -73,7 +81,8 @@ struct inbox_settings {
   stream_config stream_settings;
   duration ack_wait;
   std::size_t window;
-  duration idle;  // the consumer's inactive_threshold
+  duration idle;         // the consumer's inactive_threshold
+  duration parked_look;  // how often a parked mailbox fetches all the same
 };
 
 // The state of one `inbox` object. Readers keep it (and so the transport) alive.
@@ -83,7 +92,6 @@ struct inbox_core {
   std::shared_ptr<worker_pool> pool;
   executor run;
   std::string peer_id;  // how this object signs what it tells the others (`Amp-Peer`)
-
   std::mutex mu;
   std::unordered_map<std::string, std::weak_ptr<inbox_mailbox>> mailboxes;
 };
@@ -184,6 +192,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       if (!readers_.empty()) return;
       peers_.clear();
       cancel_timer();
+      set_parked(false);
       backing_off_ = false;
       // What another gateway fetched is its to hand back.
       for (auto& [seq, f] : in_flight_) {
@@ -233,7 +242,11 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       if (done) done(error(errc::unavailable, "the transport is closed"));
       return;
     }
-    if (has_peers()) tell_peers(*backend, k_settled_event, f.msg, false);
+    if (kind == ack_kind::nak) note_nak(clock_->now() + delay);
+    if (has_peers()) {
+      tell_peers(*backend, k_settled_event, f.msg, false,
+                 kind == ack_kind::nak ? std::optional<duration>(delay) : std::nullopt);
+    }
     if (!done) {
       backend->acknowledge(f.msg, kind, delay);
       return kick();
@@ -267,7 +280,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     kicking_ = true;
     do {
       rekick_ = false;
-      if (fetching_ || backing_off_ || readers_.empty()) continue;
+      if (fetching_ || backing_off_ || parked_ || readers_.empty()) continue;
       auto backend = backend_.lock();
       if (!backend) break;
       auto now = clock_->now();
@@ -281,11 +294,13 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       }
       if (live >= settings_->window) {
         // Full: wait for an ack or nack, or for the first message to fall due.
-        if (!timer_ || timer_at_ != next_due) arm_timer(next_due, false);
+        if (!timer_ || timer_at_ != next_due) arm_timer(next_due, timer_kind::window);
         continue;
       }
       cancel_timer();
       fetching_ = true;
+      wakes_at_fetch_ = wakes_;
+      fetch_made_at_ = now;
       lock.unlock();
       backend->async_fetch(
           settings_->stream, consumer_,
@@ -297,6 +312,19 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       lock.lock();
     } while (rekick_);
     kicking_ = false;
+  }
+
+  // A message was stored for the participant (heard on its inbox subject): a parked
+  // mailbox fetches again, and one whose fetch is out does not park when it comes back
+  // empty (the message may have been stored after that fetch looked).
+  void wake() {
+    {
+      std::lock_guard lock(mu_);
+      ++wakes_;
+      if (!parked_) return;
+      set_parked(false);
+    }
+    kick();
   }
 
   // What the inbox of another gateway said of this participant's deliveries: one it
@@ -333,6 +361,14 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     auto delivery = number_header(m.headers, k_delivery_header);
     if (!seq || !delivery) return;
     if (*event == k_settled_event) {
+      // A nak there: the consumer delivers it again after its delay, which no stored
+      // message announces, so this mailbox keeps fetching until then.
+      if (auto nak_ms = find_header(m.headers, k_nak_header)) {
+        std::uint64_t ms = 0;
+        std::from_chars(nak_ms->data(), nak_ms->data() + nak_ms->size(), ms);
+        note_nak(clock_->now() +
+                 std::chrono::milliseconds(std::min<std::uint64_t>(ms, 1ULL << 40)));
+      }
       {
         std::lock_guard lock(mu_);
         auto it = in_flight_.find(*seq);
@@ -363,13 +399,42 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     in_flight_.insert_or_assign(*seq, flight{.msg = std::move(msg),
                                              .deadline = clock_->now() + settings_->ack_wait,
                                              .forwarded = true});
+    // In flight here now: if the gateway that fetched it hands it back, this one fetches it.
+    const bool woke = parked_;
+    set_parked(false);
     deliver(lock, {inbox_message{.seq = *seq, .delivery = *delivery, .env = std::move(*env)}});
+    lock.unlock();
+    if (woke) kick();
   }
 
  private:
   bool has_peers() {
     std::lock_guard lock(mu_);
     return !peers_.empty();
+  }
+
+  // A nak whose redelivery falls due at `due`: no parking before then.
+  void note_nak(time_point due) {
+    bool woke = false;
+    {
+      std::lock_guard lock(mu_);
+      nak_due_ = std::max(nak_due_, due);
+      woke = parked_;
+      set_parked(false);
+    }
+    if (woke) kick();
+  }
+
+  // Called with mu_ held. Parked: no fetch is out until a wake, a nak, a delivery told by
+  // another gateway, or `parked_look` passes (which also keeps an inactive_threshold away).
+  void set_parked(bool on) {
+    if (parked_ == on) return;
+    parked_ = on;
+    if (on) {
+      arm_timer(clock_->now() + settings_->parked_look, timer_kind::parked);
+    } else {
+      cancel_timer();
+    }
   }
 
   // Tells the inboxes of the other gateways whether this one has readers of the participant.
@@ -385,7 +450,8 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   // Tells the inboxes of the other gateways (`on_peer`) that `m` was delivered here (with
   // its text and ack token) or settled here. A core message: nothing is kept for a gateway
   // that is away (its sessions get the message at its next delivery).
-  void tell_peers(transport& backend, std::string_view event, const message& m, bool with_data) {
+  void tell_peers(transport& backend, std::string_view event, const message& m, bool with_data,
+                  std::optional<duration> nak_delay = std::nullopt) {
     outgoing_message out{
         .subject = peers_subject_,
         .headers = {{std::string(k_peer_header), peer_id_},
@@ -395,6 +461,12 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     if (with_data) {
       out.data = m.data;
       out.headers.emplace_back(k_ack_header, m.ack_token);
+    }
+    if (nak_delay) {
+      out.headers.emplace_back(
+          k_nak_header,
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(*nak_delay).count()));
     }
     static_cast<void>(backend.publish_core(std::move(out)));
   }
@@ -421,6 +493,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
 
   void on_fetched(result<std::vector<message>> r) {
     if (!r) return on_fetch_error(std::move(r).error());
+    const bool found_nothing = r->empty();
     std::vector<message> kept, bad;
     std::vector<inbox_message> batch;
     for (auto& m : *r) {
@@ -460,6 +533,12 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     if (!tell) kept.clear();
     deliver(lock, std::move(batch));
     fetching_ = false;
+    // Nothing came and nothing can come unannounced: no fetch until a message is stored
+    // for the participant (heard on its subject), rather than one every k_fetch_wait.
+    if (found_nothing && in_flight_.empty() && !readers_.empty() && wakes_ == wakes_at_fetch_ &&
+        fetch_made_at_ >= nak_due_ + k_nak_margin) {
+      set_parked(true);
+    }
     // The last reader left during the delivery: no fetch is out, so hand back now.
     auto left_behind = std::exchange(handing_back_, {});
     lock.unlock();
@@ -525,7 +604,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     backoff_ = backoff_ == duration::zero() ? k_min_backoff : std::min(backoff_ * 2, k_max_backoff);
     backing_off_ = true;
     if (e.code() != errc::not_found) {
-      arm_timer(clock_->now() + backoff_, true);
+      arm_timer(clock_->now() + backoff_, timer_kind::backoff);
       return;
     }
     // The consumer (or the stream) was deleted: make it again, off the transport thread.
@@ -557,7 +636,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       std::lock_guard lock(mu_);
       if (readers_.empty()) return;
       if (!c) {
-        arm_timer(clock_->now() + backoff_, true);
+        arm_timer(clock_->now() + backoff_, timer_kind::backoff);
         return;
       }
       backing_off_ = false;
@@ -565,13 +644,16 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     kick();
   }
 
+  // What a timer ends when it fires.
+  enum class timer_kind { window, backoff, parked };
+
   // Called with mu_ held.
-  void arm_timer(time_point at, bool backoff) {
+  void arm_timer(time_point at, timer_kind kind) {
     cancel_timer();
     auto gen = timer_gen_;
     std::weak_ptr<inbox_mailbox> weak = weak_from_this();
     timer_at_ = at;
-    timer_ = clock_->call_at(at, [weak, gen, backoff] {
+    timer_ = clock_->call_at(at, [weak, gen, kind] {
       auto self = weak.lock();
       if (!self) return;
       {
@@ -579,7 +661,8 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
         if (gen != self->timer_gen_) return;
         self->timer_ = 0;
         ++self->timer_gen_;
-        if (backoff) self->backing_off_ = false;
+        if (kind == timer_kind::backoff) self->backing_off_ = false;
+        if (kind == timer_kind::parked) self->parked_ = false;
       }
       self->kick();
     });
@@ -620,6 +703,11 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   bool kicking_ = false;
   bool rekick_ = false;
   bool backing_off_ = false;
+  bool parked_ = false;                     // no fetch out on purpose: see set_parked
+  std::uint64_t wakes_ = 0;                 // messages heard stored for the participant
+  std::uint64_t wakes_at_fetch_ = 0;        // wakes_ when the fetch that is out was made
+  time_point nak_due_ = time_point::min();  // the latest redelivery a nak made falls due
+  time_point fetch_made_at_{};              // when the fetch that is out (or came back) was made
   duration backoff_ = duration::zero();
   timer_id timer_ = 0;
   time_point timer_at_{};
@@ -657,6 +745,19 @@ void tell_mailbox(inbox_core& core, const message& m) {
     mailbox = it->second.lock();
   }
   if (mailbox) mailbox->on_peer(m);
+}
+
+// A message stored on `subject` (heard on the inbox subjects): wakes the mailbox of the
+// participant it is for, if this object has one.
+void wake_mailbox(inbox_core& core, std::string_view subject) {
+  std::shared_ptr<inbox_mailbox> mailbox;
+  {
+    std::lock_guard lock(core.mu);
+    auto it = core.mailboxes.find(std::string(subject.substr(subject.rfind('.') + 1)));
+    if (it == core.mailboxes.end()) return;
+    mailbox = it->second.lock();
+  }
+  if (mailbox) mailbox->wake();
 }
 
 // The message to publish for `msg`, checked in the spec's order.
@@ -756,6 +857,18 @@ inbox::inbox(std::shared_ptr<detail::inbox_core> core) : core_(std::move(core)) 
 
 inbox::~inbox() {
   if (peers_) peers_->stop();
+  if (wakes_) wakes_->stop();
+}
+
+void inbox::look_again() {
+  std::vector<std::shared_ptr<detail::inbox_mailbox>> all;
+  {
+    std::lock_guard lock(core_->mu);
+    for (auto& [name, weak] : core_->mailboxes) {
+      if (auto m = weak.lock()) all.push_back(std::move(m));
+    }
+  }
+  for (auto& m : all) m->wake();
 }
 
 result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
@@ -787,7 +900,10 @@ result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
                         .replicas = config.replicas},
       .ack_wait = config.inbox_ack_wait,
       .window = static_cast<std::size_t>(config.inbox_window),
-      .idle = config.inbox_idle_consumer});
+      .idle = config.inbox_idle_consumer,
+      .parked_look = config.inbox_idle_consumer > duration::zero()
+                         ? std::min(detail::k_parked_look, config.inbox_idle_consumer / 2)
+                         : detail::k_parked_look});
   // JetStream refuses a duplicate window longer than the max age.
   auto& sc = settings->stream_settings;
   if (sc.max_age > duration::zero())
@@ -805,8 +921,19 @@ result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
                                                  detail::tell_mailbox(*c, m);
                                              });
   if (!peers) return peers.error();
+  // Every message stored for a participant is heard here too: what wakes a parked mailbox.
+  // In place before any mailbox fetches, so a message stored after a fetch looked is heard.
+  auto wakes =
+      core->backend->subscribe_core(subjects::inbox_subjects(config.ns), [weak](const message& m) {
+        if (auto c = weak.lock()) detail::wake_mailbox(*c, m.subject);
+      });
+  if (!wakes) {
+    (*peers)->stop();
+    return wakes.error();
+  }
   auto made = std::make_shared<inbox>(std::move(core));
   made->peers_ = std::move(*peers);
+  made->wakes_ = std::move(*wakes);
   return made;
 }
 

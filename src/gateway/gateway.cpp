@@ -117,15 +117,32 @@ void gateway::impl::log(std::string_view level, std::string_view event, std::str
 }
 
 void gateway::impl::check_ready() {
-  bool ok = opts.backend->ping().has_value();
-  if (ok != ready.exchange(ok)) {
-    log(ok ? "info" : "warn", ok ? "backend_ready" : "backend_unreachable");
-  }
+  const bool ok = opts.backend->ping().has_value();
+  const bool was = ready.exchange(ok);
+  if (ok != was) log(ok ? "info" : "warn", ok ? "backend_ready" : "backend_unreachable");
+  const bool back = ok && !was;
+  // Back, or connected again since the last look (a short cut the pings did not see): what
+  // was stored meanwhile woke no parked participant.
+  const auto epoch = opts.backend->connection_epoch();
+  if (back || epoch != seen_epoch.exchange(epoch)) look_again();
   if (shutting_down) return;
   std::weak_ptr<impl> weak = shared_from_this();
   ready_timer = clk->call_at(clk->now() + opts.readiness_interval, [weak] {
     if (auto self = weak.lock()) self->post([self] { self->check_ready(); });
   });
+}
+
+void gateway::impl::look_again() {
+  std::vector<std::shared_ptr<ns_slot>> slots;
+  {
+    std::lock_guard lock(mu);
+    for (const auto& [name, slot] : namespaces) slots.push_back(slot);
+  }
+  for (const auto& slot : slots) {
+    // One being opened now fetches afresh anyway.
+    std::unique_lock opening(slot->opening, std::try_to_lock);
+    if (opening && slot->state) slot->state->b->inbox().look_again();
+  }
 }
 
 result<std::shared_ptr<detail::ns_state>> gateway::impl::ns_for(const namespace_name& ns) {

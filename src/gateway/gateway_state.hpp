@@ -150,6 +150,7 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
   std::map<const void*, std::weak_ptr<session::impl>> all_sessions;
 
   std::atomic<bool> ready{false};
+  std::atomic<std::uint64_t> seen_epoch{0};  // the backend's connection_epoch at the last look
   std::atomic<bool> shutting_down{false};
   std::atomic<std::int64_t> pending_connections{0};
   std::atomic<std::int64_t> in_flight{0};  // executor work not finished yet
@@ -233,6 +234,9 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
   // (`"session":"…","code":…`), possibly empty.
   void log(std::string_view level, std::string_view event, std::string_view fields = {});
   void check_ready();
+  // Every namespace's inbox fetches now (the backend is back: a message stored while it
+  // was cut off woke no parked participant).
+  void look_again();
 };
 
 }  // namespace amp

@@ -148,6 +148,7 @@ TEST_CASE(
   auto server = nats_server::start();
   auto tp = connect(server);
   auto& t = *tp;
+  CHECK(t.connection_epoch() == 0);
 
   auto stream = work_queue("OUT", "out.>");
   constexpr auto ack_wait = 3s;  // the unacked messages come back this long after the restart
@@ -218,6 +219,7 @@ TEST_CASE(
 
   server.restart();
   REQUIRE(reconnected(t));
+  CHECK(t.connection_epoch() == 1);  // what core subscribers missed is to be looked for
 
   // KV: the acknowledged values are there, revisions continue after them.
   auto a = must(t.kv_get("state", "a"));

@@ -31,6 +31,15 @@
 /// reader sees the deliveries made after it attached (a message already in flight when it
 /// attaches reaches it when it is redelivered).
 ///
+/// Idle participants. A participant with nothing in flight whose last fetch (it waits up
+/// to 5 s) found nothing is parked: no fetch is out for it, so an idle participant costs the
+/// backend nothing. Each `inbox` object listens on `amp.<ns>.inbox.*` (one core
+/// subscription) and a message stored for a parked participant wakes it. A nak, or a
+/// delivery another gateway tells of, keeps the loop fetching until the message can no
+/// longer come back unannounced. A parked participant still fetches once every 2 minutes
+/// (every half `inbox_idle_consumer` when that is shorter, which keeps its consumer), and
+/// `look_again` wakes them all after the backend was cut off.
+///
 /// Several gateways. `inbox` objects of one namespace in different processes (or in one)
 /// tell each other of their deliveries over core messages (`subjects::inbox_control_subject`):
 /// a message one of them fetched reaches the readers of the participant in every other as
@@ -207,6 +216,12 @@ class inbox {
   /// since) or for whom messages wait. Blocks. Errors: `unavailable`.
   result<std::vector<participant_name>> participants();
 
+  /// Makes every participant with readers here fetch now, parked or not. Call it when the
+  /// backend comes back after a cut: a message stored meanwhile was not heard (see
+  /// "Idle participants" above), and would otherwise wait for the next look of its
+  /// participant (at most 2 minutes). Non-blocking; any thread.
+  void look_again();
+
   /// The namespace of this inbox.
   const namespace_name& ns() const noexcept;
 
@@ -216,6 +231,7 @@ class inbox {
  private:
   std::shared_ptr<detail::inbox_core> core_;
   std::unique_ptr<subscription> peers_;  // what the inboxes of other gateways say
+  std::unique_ptr<subscription> wakes_;  // the messages stored for any participant
 };
 
 }  // namespace amp

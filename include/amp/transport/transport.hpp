@@ -325,6 +325,11 @@ class transport {
   /// `ok` when the backend answers; `unavailable` otherwise.
   virtual result<void> ping() = 0;
 
+  /// How many times the connection to the backend was made again after it was lost (0 for
+  /// the memory transport, which has none). A change means `subscribe_core` subscribers
+  /// may have missed what was sent meanwhile. Non-blocking; any thread.
+  virtual std::uint64_t connection_epoch() const noexcept { return 0; }
+
   // ----- streams --------------------------------------------------------------------
 
   /// Creates the stream when missing; returns it unchanged when it exists with the same

@@ -40,6 +40,7 @@ class jetstream_backend final : public transport,
   std::shared_ptr<amp::clock> clock() const override;
 
   result<void> ping() override;
+  std::uint64_t connection_epoch() const noexcept override;
 
   // ----- streams ----------------------------------------------------------------------
 

@@ -42,6 +42,17 @@ std::shared_ptr<amp::clock> jetstream_backend::clock() const {
   return conn_->clock();
 }
 
+std::uint64_t jetstream_backend::connection_epoch() const noexcept {
+  natsStatistics* stats = nullptr;
+  if (natsStatistics_Create(&stats) != NATS_OK) return 0;
+  std::uint64_t reconnects = 0;
+  if (natsConnection_GetStats(conn_->nc(), stats) == NATS_OK) {
+    natsStatistics_GetCounts(stats, nullptr, nullptr, nullptr, nullptr, &reconnects);
+  }
+  natsStatistics_Destroy(stats);
+  return reconnects;
+}
+
 result<void> jetstream_backend::ping() {
   if (natsConnection_Status(conn_->nc()) != NATS_CONN_STATUS_CONNECTED) {
     return unexpected(errc::unavailable, "not connected to NATS");

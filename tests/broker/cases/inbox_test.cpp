@@ -20,6 +20,7 @@
 #include "amp/broker/inbox.hpp"
 #include "amp/subjects.hpp"
 #include "broker/cases/broker_helpers.hpp"
+#include "broker/cases/faulty_transport.hpp"
 
 namespace amp::broker_testing {
 namespace {
@@ -970,6 +971,60 @@ TEST_CASE("inbox: a reader whose consumer was removed under it gets it made agai
   CHECK(eventually([&] { return stored_messages(*s.fx, s.cfg) == 0; }));
   quiet_period(*s.fx);
   CHECK(log.size() == 3);
+}
+
+TEST_CASE("inbox: a participant with nothing to read has no fetch out until a message comes for it",
+          "[inbox][idle]") {
+  auto fx = make_fixture();
+  auto cfg = config_for(*fx);
+  cfg.inbox_ack_wait = 30s;
+  auto counted = std::make_shared<faulty_transport>(fx->shared_transport());
+  std::atomic<int> fetches{0};
+  counted->set_fault([&](std::string_view op, std::string_view) -> std::optional<error> {
+    if (op == "fetch") ++fetches;
+    return std::nullopt;
+  });
+  auto box = must(inbox::open(counted, cfg));
+  inbox_log log;
+  auto reader = must(box->attach(pname("bob"), log.callback()));
+  CHECK(eventually([&] { return fetches.load() == 1; }));
+  // That fetch waits 5 s and finds nothing: then no fetch is out.
+  fx->advance(5s);
+  quiet_period(*fx);
+  CHECK(fetches.load() == 1);
+  if (!fx->real_time()) {
+    fx->advance(100s);
+    CHECK(fetches.load() == 1);
+  }
+
+  // A message stored for bob, here by another inbox object (another gateway), wakes it.
+  auto other = must(inbox::open(fx->shared_transport(), cfg));
+  auto sent = must(other->send(note("bob", "alice")));
+  REQUIRE(log.reaches(1));
+  CHECK(log.at(0).seq == sent.seq);
+  // The fetch it woke, and the next one, made while the message is in flight.
+  CHECK(eventually([&] { return fetches.load() == 3; }));
+  must(reader->ack(sent.seq));
+  fx->advance(5s);
+  quiet_period(*fx);
+  CHECK(fetches.load() == 3);
+
+  // One for somebody else does not; look_again does (as after a cut from the backend).
+  must(other->send(note("carol", "alice")));
+  quiet_period(*fx);
+  CHECK(fetches.load() == 3);
+  box->look_again();
+  CHECK(eventually([&] { return fetches.load() == 4; }));
+  fx->advance(5s);
+  quiet_period(*fx);
+  CHECK(fetches.load() == 4);
+
+  // Parked, it still looks every 2 minutes.
+  if (!fx->real_time()) {
+    fx->advance(2min);
+    CHECK(fetches.load() == 5);
+  }
+  CHECK(log.size() == 1);
 }
 
 TEST_CASE("inbox: an attached reader with nothing to read keeps its consumer", "[inbox][idle]") {
