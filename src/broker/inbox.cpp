@@ -28,9 +28,12 @@ constexpr duration k_fetch_wait = std::chrono::seconds(5);
 // A parked participant (nothing in flight, its last fetch found nothing) has no fetch out;
 // it looks once in this long all the same, and at least twice per inactive_threshold.
 constexpr duration k_parked_look = std::chrono::minutes(2);
-// A fetch made this long after a nak fell due has seen its redelivery (the server's timer
-// may be late): only then may the loop park.
-constexpr duration k_nak_margin = std::chrono::seconds(1);
+// A fetch made this long after a message could come back unannounced (a nak's delay ran
+// out, or the ack wait of an ack that may have been lost) has seen it come back, if it did:
+// the server's redelivery timer may be late.
+constexpr duration k_due_margin = std::chrono::seconds(1);
+// How long the subscription that hears stored messages stays once no mailbox is parked.
+constexpr duration k_wake_linger = std::chrono::seconds(30);
 // Backoff between fetches that fail (backend unavailable, consumer missing).
 constexpr duration k_min_backoff = std::chrono::milliseconds(100);
 constexpr duration k_max_backoff = std::chrono::seconds(5);
@@ -85,6 +88,125 @@ struct inbox_settings {
   duration parked_look;  // how often a parked mailbox fetches all the same
 };
 
+// Hears the messages stored for the participants of one `inbox` object (a core
+// subscription on `amp.<ns>.inbox.*`): what wakes a parked mailbox. Subscribed when a mailbox
+// asks (its fetch found nothing), dropped `k_wake_linger` after the last parked mailbox woke,
+// so a gateway whose participants all read pays nothing per message stored.
+class wake_hub : public std::enable_shared_from_this<wake_hub> {
+ public:
+  wake_hub(std::weak_ptr<transport> backend, std::shared_ptr<amp::clock> clock, executor run,
+           std::string subject, std::function<void(std::string_view subject)> on_heard)
+      : backend_(std::move(backend)),
+        clock_(std::move(clock)),
+        run_(std::move(run)),
+        subject_(std::move(subject)),
+        on_heard_(std::move(on_heard)) {}
+
+  // Odd while the subscription is in place; one higher at each change. Non-blocking.
+  std::uint64_t epoch() const noexcept { return epoch_.load(); }
+
+  // A mailbox whose fetch, made at `epoch_at_fetch`, found nothing: true (it is counted as
+  // parked) when the subscription was in place all along, so a message stored after that
+  // fetch looked was heard.
+  bool try_park(std::uint64_t epoch_at_fetch) {
+    std::lock_guard lock(mu_);
+    if (deaf_ || (epoch_at_fetch & 1U) == 0 || epoch_at_fetch != epoch_.load()) return false;
+    ++parked_;
+    return true;
+  }
+
+  // A parked mailbox woke (or went).
+  void unparked() {
+    std::lock_guard lock(mu_);
+    if (parked_ > 0 && --parked_ == 0) drop_later();
+  }
+
+  // Subscribes, on the executor, unless subscribed or deaf. Never blocks.
+  void want() {
+    {
+      std::lock_guard lock(mu_);
+      if (sub_ || opening_ || deaf_) return;
+      opening_ = true;
+    }
+    std::weak_ptr<wake_hub> weak = weak_from_this();
+    run_([weak] {
+      if (auto self = weak.lock()) self->open();
+    });
+  }
+
+  // The `inbox` object is gone: no more subscription, no mailbox parks.
+  void go_deaf() {
+    std::unique_ptr<subscription> sub;
+    {
+      std::lock_guard lock(mu_);
+      deaf_ = true;
+      sub = std::move(sub_);
+      if (sub) epoch_.fetch_add(1);
+    }
+    if (sub) sub->stop();
+  }
+
+ private:
+  void open() {
+    auto backend = backend_.lock();
+    result<std::unique_ptr<subscription>> made =
+        backend ? backend->subscribe_core(subject_,
+                                          [weak = weak_from_this()](const message& m) {
+                                            if (auto self = weak.lock()) self->on_heard_(m.subject);
+                                          })
+                : result<std::unique_ptr<subscription>>(
+                      unexpected(errc::unavailable, "the transport is closed"));
+    backend.reset();
+    std::unique_ptr<subscription> unused;
+    {
+      std::lock_guard lock(mu_);
+      opening_ = false;
+      if (!made) return;  // the next mailbox that parks asks again
+      if (deaf_) {
+        unused = std::move(*made);
+      } else {
+        sub_ = std::move(*made);
+        epoch_.fetch_add(1);
+        if (parked_ == 0) drop_later();
+      }
+    }
+    if (unused) unused->stop();
+  }
+
+  // Called with mu_ held.
+  void drop_later() {
+    auto gen = ++drop_gen_;
+    std::weak_ptr<wake_hub> weak = weak_from_this();
+    clock_->call_at(clock_->now() + k_wake_linger, [weak, gen] {
+      if (auto self = weak.lock()) self->drop(gen);
+    });
+  }
+
+  void drop(std::uint64_t gen) {
+    std::unique_ptr<subscription> sub;
+    {
+      std::lock_guard lock(mu_);
+      if (gen != drop_gen_ || parked_ > 0 || !sub_) return;
+      sub = std::move(sub_);
+      epoch_.fetch_add(1);
+    }
+    sub->stop();
+  }
+
+  std::weak_ptr<transport> backend_;
+  std::shared_ptr<amp::clock> clock_;
+  executor run_;
+  std::string subject_;
+  std::function<void(std::string_view)> on_heard_;
+  std::atomic<std::uint64_t> epoch_{0};
+  std::mutex mu_;
+  std::unique_ptr<subscription> sub_;
+  bool opening_ = false;
+  bool deaf_ = false;
+  std::size_t parked_ = 0;
+  std::uint64_t drop_gen_ = 0;  // a drop scheduled before the last change does nothing
+};
+
 // The state of one `inbox` object. Readers keep it (and so the transport) alive.
 struct inbox_core {
   std::shared_ptr<transport> backend;
@@ -92,6 +214,7 @@ struct inbox_core {
   std::shared_ptr<worker_pool> pool;
   executor run;
   std::string peer_id;  // how this object signs what it tells the others (`Amp-Peer`)
+  std::shared_ptr<wake_hub> wakes;
   std::mutex mu;
   std::unordered_map<std::string, std::weak_ptr<inbox_mailbox>> mailboxes;
 };
@@ -114,9 +237,11 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
         consumer_(subjects::inbox_consumer(who_)),
         filter_(subjects::inbox_subject(settings_->ns, who_)),
         peers_subject_(subjects::inbox_control_subject(settings_->ns, who_)),
-        peer_id_(core->peer_id) {}
+        peer_id_(core->peer_id),
+        wakes_hub_(core->wakes) {}
 
   ~inbox_mailbox() {
+    if (parked_) wakes_hub_->unparked();
     auto core = core_.lock();
     if (!core) return;
     std::lock_guard lock(core->mu);
@@ -242,7 +367,13 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       if (done) done(error(errc::unavailable, "the transport is closed"));
       return;
     }
-    if (kind == ack_kind::nak) note_nak(clock_->now() + delay);
+    {
+      // Should the ack be lost, the message comes back at its deadline; a nak brings it back
+      // after its delay. Neither is announced by a stored message.
+      std::lock_guard lock(mu_);
+      if (kind == ack_kind::nak) note_due(clock_->now() + delay);
+      if (kind == ack_kind::ack) note_due(f.deadline);
+    }
     if (has_peers()) {
       tell_peers(*backend, k_settled_event, f.msg, false,
                  kind == ack_kind::nak ? std::optional<duration>(delay) : std::nullopt);
@@ -300,6 +431,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       cancel_timer();
       fetching_ = true;
       wakes_at_fetch_ = wakes_;
+      epoch_at_fetch_ = wakes_hub_->epoch();
       fetch_made_at_ = now;
       lock.unlock();
       backend->async_fetch(
@@ -362,15 +494,16 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     if (!seq || !delivery) return;
     if (*event == k_settled_event) {
       // A nak there: the consumer delivers it again after its delay, which no stored
-      // message announces, so this mailbox keeps fetching until then.
+      // message announces.
+      std::optional<time_point> due;
       if (auto nak_ms = find_header(m.headers, k_nak_header)) {
         std::uint64_t ms = 0;
         std::from_chars(nak_ms->data(), nak_ms->data() + nak_ms->size(), ms);
-        note_nak(clock_->now() +
-                 std::chrono::milliseconds(std::min<std::uint64_t>(ms, 1ULL << 40)));
+        due = clock_->now() + std::chrono::milliseconds(std::min<std::uint64_t>(ms, 1ULL << 40));
       }
       {
         std::lock_guard lock(mu_);
+        if (due) note_due(*due);
         auto it = in_flight_.find(*seq);
         if (it == in_flight_.end() || it->second.msg.delivery_count > *delivery) return;
         in_flight_.erase(it);
@@ -413,25 +546,28 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     return !peers_.empty();
   }
 
-  // A nak whose redelivery falls due at `due`: no parking before then.
-  void note_nak(time_point due) {
-    bool woke = false;
-    {
-      std::lock_guard lock(mu_);
-      nak_due_ = std::max(nak_due_, due);
-      woke = parked_;
-      set_parked(false);
+  // Called with mu_ held. A message may come back at `due` with nothing stored to announce
+  // it: a parked loop fetches then. Kept by the whole second, so a busy loop keeps about one
+  // per second of ack wait; a fetch made after one (and the margin) drops it.
+  void note_due(time_point due) {
+    dues_.insert(time_point(std::chrono::ceil<std::chrono::seconds>(due.time_since_epoch())));
+    if (parked_ && timer_at_ > *dues_.begin() + k_due_margin) {
+      arm_timer(*dues_.begin() + k_due_margin, timer_kind::parked);
     }
-    if (woke) kick();
   }
 
-  // Called with mu_ held. Parked: no fetch is out until a wake, a nak, a delivery told by
-  // another gateway, or `parked_look` passes (which also keeps an inactive_threshold away).
+  // Called with mu_ held. Parked: no fetch is out until a wake, a delivery told by another
+  // gateway, the first due (note_due), or `parked_look` (which also keeps an
+  // inactive_threshold away).
+  // Parking is counted by wakes_hub_->try_park; unparking is told to it here.
   void set_parked(bool on) {
     if (parked_ == on) return;
     parked_ = on;
+    if (!on) wakes_hub_->unparked();
     if (on) {
-      arm_timer(clock_->now() + settings_->parked_look, timer_kind::parked);
+      auto at = clock_->now() + settings_->parked_look;
+      if (!dues_.empty()) at = std::min(at, *dues_.begin() + k_due_margin);
+      arm_timer(at, timer_kind::parked);
     } else {
       cancel_timer();
     }
@@ -479,9 +615,14 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
 
   // Puts back what the backend did not settle, unless it moved on meanwhile.
   void restore(flight f) {
-    std::lock_guard lock(mu_);
-    if (readers_.empty()) return;
-    in_flight_.try_emplace(f.msg.seq, std::move(f));
+    {
+      std::lock_guard lock(mu_);
+      if (readers_.empty()) return;
+      in_flight_.try_emplace(f.msg.seq, std::move(f));
+      if (!parked_) return;
+      set_parked(false);
+    }
+    kick();
   }
 
   void settle_all(const std::vector<message>& msgs, ack_kind kind) {
@@ -533,15 +674,29 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     if (!tell) kept.clear();
     deliver(lock, std::move(batch));
     fetching_ = false;
-    // Nothing came and nothing can come unannounced: no fetch until a message is stored
-    // for the participant (heard on its subject), rather than one every k_fetch_wait.
-    if (found_nothing && in_flight_.empty() && !readers_.empty() && wakes_ == wakes_at_fetch_ &&
-        fetch_made_at_ >= nak_due_ + k_nak_margin) {
-      set_parked(true);
+    // What a fetch made past its deadline did not bring again is no longer pending (acked
+    // or settled elsewhere, a word of it lost; or removed from the stream).
+    dues_.erase(dues_.begin(), dues_.upper_bound(fetch_made_at_ - k_due_margin));
+    if (found_nothing) {
+      std::erase_if(in_flight_, [&](const auto& e) {
+        return e.second.deadline + k_due_margin <= fetch_made_at_;
+      });
+    }
+    // Nothing came and nothing is in flight: no fetch until a message is stored for the
+    // participant (heard on its subject) or may come back (dues_), rather than one every
+    // k_fetch_wait.
+    bool want_wakes = false;
+    if (found_nothing && in_flight_.empty() && !readers_.empty() && wakes_ == wakes_at_fetch_) {
+      if (wakes_hub_->try_park(epoch_at_fetch_)) {
+        set_parked(true);
+      } else {
+        want_wakes = true;  // parks after a fetch made once stored messages are heard
+      }
     }
     // The last reader left during the delivery: no fetch is out, so hand back now.
     auto left_behind = std::exchange(handing_back_, {});
     lock.unlock();
+    if (want_wakes) wakes_hub_->want();
     settle_all(left_behind, ack_kind::nak);
     // The participant's sessions on other gateways get them too; after they are in flight
     // here, so that a settle from there finds them.
@@ -619,6 +774,11 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
       std::lock_guard ensure(ensure_mu_);
       ensured_ = false;
     }
+    {
+      // The new consumer delivers again what the old one had out, unannounced.
+      std::lock_guard lock(mu_);
+      set_parked(false);
+    }
     std::weak_ptr<inbox_mailbox> weak = weak_from_this();
     run_([weak] {
       if (auto self = weak.lock()) self->recreate();
@@ -662,7 +822,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
         self->timer_ = 0;
         ++self->timer_gen_;
         if (kind == timer_kind::backoff) self->backing_off_ = false;
-        if (kind == timer_kind::parked) self->parked_ = false;
+        if (kind == timer_kind::parked) self->set_parked(false);
       }
       self->kick();
     });
@@ -685,6 +845,7 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   std::string filter_;
   std::string peers_subject_;
   std::string peer_id_;
+  std::shared_ptr<wake_hub> wakes_hub_;  // inbox_core::wakes
 
   std::mutex ensure_mu_;
   bool ensured_ = false;  // guarded by ensure_mu_
@@ -703,11 +864,12 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
   bool kicking_ = false;
   bool rekick_ = false;
   bool backing_off_ = false;
-  bool parked_ = false;                     // no fetch out on purpose: see set_parked
-  std::uint64_t wakes_ = 0;                 // messages heard stored for the participant
-  std::uint64_t wakes_at_fetch_ = 0;        // wakes_ when the fetch that is out was made
-  time_point nak_due_ = time_point::min();  // the latest redelivery a nak made falls due
-  time_point fetch_made_at_{};              // when the fetch that is out (or came back) was made
+  bool parked_ = false;               // no fetch out on purpose: see set_parked
+  std::uint64_t wakes_ = 0;           // messages heard stored for the participant
+  std::uint64_t wakes_at_fetch_ = 0;  // wakes_ when the fetch that is out was made
+  std::uint64_t epoch_at_fetch_ = 0;  // wakes_hub_->epoch() then
+  std::set<time_point> dues_;         // when messages may come back unannounced (note_due)
+  time_point fetch_made_at_{};        // when the fetch that is out (or came back) was made
   duration backoff_ = duration::zero();
   timer_id timer_ = 0;
   time_point timer_at_{};
@@ -857,7 +1019,10 @@ inbox::inbox(std::shared_ptr<detail::inbox_core> core) : core_(std::move(core)) 
 
 inbox::~inbox() {
   if (peers_) peers_->stop();
-  if (wakes_) wakes_->stop();
+  // Readers may outlive this object: nothing wakes their loops any more, so they stop
+  // parking and fetch as they did before parking existed.
+  core_->wakes->go_deaf();
+  look_again();
 }
 
 void inbox::look_again() {
@@ -914,6 +1079,11 @@ result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
   core->settings = std::move(settings);
   core->run = detail::executor_for(config, core->pool);
   core->peer_id = detail::new_peer_id();
+  core->wakes = std::make_shared<detail::wake_hub>(
+      core->backend, core->backend->clock(), core->run, subjects::inbox_subjects(config.ns),
+      [weak = std::weak_ptr<detail::inbox_core>(core)](std::string_view subject) {
+        if (auto c = weak.lock()) detail::wake_mailbox(*c, subject);
+      });
   std::weak_ptr<detail::inbox_core> weak = core;
   auto peers = core->backend->subscribe_core(subjects::inbox_control_subjects(config.ns),
                                              [weak](const message& m) {
@@ -921,19 +1091,8 @@ result<std::shared_ptr<inbox>> inbox::open(std::shared_ptr<transport> t,
                                                  detail::tell_mailbox(*c, m);
                                              });
   if (!peers) return peers.error();
-  // Every message stored for a participant is heard here too: what wakes a parked mailbox.
-  // In place before any mailbox fetches, so a message stored after a fetch looked is heard.
-  auto wakes =
-      core->backend->subscribe_core(subjects::inbox_subjects(config.ns), [weak](const message& m) {
-        if (auto c = weak.lock()) detail::wake_mailbox(*c, m.subject);
-      });
-  if (!wakes) {
-    (*peers)->stop();
-    return wakes.error();
-  }
   auto made = std::make_shared<inbox>(std::move(core));
   made->peers_ = std::move(*peers);
-  made->wakes_ = std::move(*wakes);
   return made;
 }
 

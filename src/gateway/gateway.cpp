@@ -124,7 +124,8 @@ void gateway::impl::check_ready() {
   // Back, or connected again since the last look (a short cut the pings did not see): what
   // was stored meanwhile woke no parked participant.
   const auto epoch = opts.backend->connection_epoch();
-  if (back || epoch != seen_epoch.exchange(epoch)) look_again();
+  const bool reconnected = epoch != seen_epoch.exchange(epoch);
+  if (back || reconnected) look_again();
   if (shutting_down) return;
   std::weak_ptr<impl> weak = shared_from_this();
   ready_timer = clk->call_at(clk->now() + opts.readiness_interval, [weak] {
@@ -133,16 +134,14 @@ void gateway::impl::check_ready() {
 }
 
 void gateway::impl::look_again() {
-  std::vector<std::shared_ptr<ns_slot>> slots;
+  std::vector<std::shared_ptr<detail::ns_state>> open;
   {
     std::lock_guard lock(mu);
-    for (const auto& [name, slot] : namespaces) slots.push_back(slot);
+    for (const auto& [name, slot] : namespaces) {
+      if (slot->opened) open.push_back(slot->opened);
+    }
   }
-  for (const auto& slot : slots) {
-    // One being opened now fetches afresh anyway.
-    std::unique_lock opening(slot->opening, std::try_to_lock);
-    if (opening && slot->state) slot->state->b->inbox().look_again();
-  }
+  for (const auto& st : open) st->b->inbox().look_again();
 }
 
 result<std::shared_ptr<detail::ns_state>> gateway::impl::ns_for(const namespace_name& ns) {
@@ -285,6 +284,10 @@ result<std::shared_ptr<detail::ns_state>> gateway::impl::ns_for(const namespace_
   st->presence = std::move(*watch);
   if (auto r = open_exchange(st); !r) return r.error();
   slot->state = st;
+  {
+    std::lock_guard lock(mu);
+    slot->opened = st;
+  }
   log("info", "namespace_open", fmt::format("\"ns\":{}", json_quote(ns.view())));
   return st;
 }

@@ -33,12 +33,15 @@
 ///
 /// Idle participants. A participant with nothing in flight whose last fetch (it waits up
 /// to 5 s) found nothing is parked: no fetch is out for it, so an idle participant costs the
-/// backend nothing. Each `inbox` object listens on `amp.<ns>.inbox.*` (one core
-/// subscription) and a message stored for a parked participant wakes it. A nak, or a
-/// delivery another gateway tells of, keeps the loop fetching until the message can no
-/// longer come back unannounced. A parked participant still fetches once every 2 minutes
-/// (every half `inbox_idle_consumer` when that is shorter, which keeps its consumer), and
-/// `look_again` wakes them all after the backend was cut off.
+/// backend nothing. While any participant is parked, the `inbox` object listens on
+/// `amp.<ns>.inbox.*` (one core subscription, dropped 30 s after the last one woke, so
+/// participants that all read cost nothing per message), and a message stored for a parked
+/// participant wakes it; the first fetch that finds nothing makes the subscription and the
+/// next one parks. A nak, or an ack (should it be lost), wakes the loop when the message
+/// could come back; a delivery another gateway tells of wakes it at once. A parked
+/// participant still fetches once every 2 minutes (every half `inbox_idle_consumer` when
+/// that is shorter, which keeps its consumer), and `look_again` wakes them all after the
+/// backend was cut off. Readers that outlive their `inbox` object no longer park.
 ///
 /// Several gateways. `inbox` objects of one namespace in different processes (or in one)
 /// tell each other of their deliveries over core messages (`subjects::inbox_control_subject`):
@@ -231,7 +234,6 @@ class inbox {
  private:
   std::shared_ptr<detail::inbox_core> core_;
   std::unique_ptr<subscription> peers_;  // what the inboxes of other gateways say
-  std::unique_ptr<subscription> wakes_;  // the messages stored for any participant
 };
 
 }  // namespace amp
