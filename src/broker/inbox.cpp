@@ -495,15 +495,13 @@ class inbox_mailbox : public std::enable_shared_from_this<inbox_mailbox> {
     if (*event == k_settled_event) {
       // A nak there: the consumer delivers it again after its delay, which no stored
       // message announces.
-      std::optional<time_point> due;
-      if (auto nak_ms = find_header(m.headers, k_nak_header)) {
-        std::uint64_t ms = 0;
-        std::from_chars(nak_ms->data(), nak_ms->data() + nak_ms->size(), ms);
-        due = clock_->now() + std::chrono::milliseconds(std::min<std::uint64_t>(ms, 1ULL << 40));
-      }
+      auto nak_ms = number_header(m.headers, k_nak_header);
       {
         std::lock_guard lock(mu_);
-        if (due) note_due(*due);
+        if (nak_ms) {
+          note_due(clock_->now() +
+                   std::chrono::milliseconds(std::min<std::uint64_t>(*nak_ms, 1ULL << 40)));
+        }
         auto it = in_flight_.find(*seq);
         if (it == in_flight_.end() || it->second.msg.delivery_count > *delivery) return;
         in_flight_.erase(it);
@@ -894,32 +892,24 @@ std::shared_ptr<inbox_mailbox> mailbox_for(const std::shared_ptr<inbox_core>& co
 
 // Hands what another gateway's inbox said to the mailbox of the participant it names, if
 // this object has one; what this object said itself is left alone.
+// The mailbox of the participant named by the last token of `subject`, if this object has one.
+std::shared_ptr<inbox_mailbox> mailbox_of(inbox_core& core, std::string_view subject) {
+  auto name = participant_name::make(subject.substr(subject.rfind('.') + 1));
+  if (!name) return nullptr;
+  std::lock_guard lock(core.mu);
+  auto it = core.mailboxes.find(name->str());
+  return it == core.mailboxes.end() ? nullptr : it->second.lock();
+}
+
 void tell_mailbox(inbox_core& core, const message& m) {
   if (find_header(m.headers, k_peer_header) == core.peer_id) return;
-  auto subject = std::string_view(m.subject);
-  auto name = participant_name::make(subject.substr(subject.rfind('.') + 1));
-  if (!name) return;
-  std::shared_ptr<inbox_mailbox> mailbox;
-  {
-    std::lock_guard lock(core.mu);
-    auto it = core.mailboxes.find(name->str());
-    if (it == core.mailboxes.end()) return;
-    mailbox = it->second.lock();
-  }
-  if (mailbox) mailbox->on_peer(m);
+  if (auto mailbox = mailbox_of(core, m.subject)) mailbox->on_peer(m);
 }
 
 // A message stored on `subject` (heard on the inbox subjects): wakes the mailbox of the
 // participant it is for, if this object has one.
 void wake_mailbox(inbox_core& core, std::string_view subject) {
-  std::shared_ptr<inbox_mailbox> mailbox;
-  {
-    std::lock_guard lock(core.mu);
-    auto it = core.mailboxes.find(std::string(subject.substr(subject.rfind('.') + 1)));
-    if (it == core.mailboxes.end()) return;
-    mailbox = it->second.lock();
-  }
-  if (mailbox) mailbox->wake();
+  if (auto mailbox = mailbox_of(core, subject)) mailbox->wake();
 }
 
 // The message to publish for `msg`, checked in the spec's order.

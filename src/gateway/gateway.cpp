@@ -153,7 +153,10 @@ result<std::shared_ptr<detail::ns_state>> gateway::impl::ns_for(const namespace_
     slot = s;
   }
   std::lock_guard opening(slot->opening);
-  if (slot->state) return slot->state;
+  {
+    std::lock_guard lock(mu);
+    if (slot->opened) return slot->opened;
+  }
 
   auto st = std::make_shared<detail::ns_state>(ns);
   std::weak_ptr<detail::ns_state> weak_st = st;
@@ -283,7 +286,6 @@ result<std::shared_ptr<detail::ns_state>> gateway::impl::ns_for(const namespace_
   }
   st->presence = std::move(*watch);
   if (auto r = open_exchange(st); !r) return r.error();
-  slot->state = st;
   {
     std::lock_guard lock(mu);
     slot->opened = st;

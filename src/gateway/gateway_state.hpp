@@ -144,8 +144,7 @@ struct gateway::impl : std::enable_shared_from_this<gateway::impl> {
   std::mutex mu;
   struct ns_slot {
     std::mutex opening;
-    std::shared_ptr<detail::ns_state> state;   // guarded by opening
-    std::shared_ptr<detail::ns_state> opened;  // the same once open, guarded by the gateway's mu
+    std::shared_ptr<detail::ns_state> opened;  // guarded by the gateway's mu
   };
   std::map<std::string, std::shared_ptr<ns_slot>, std::less<>> namespaces;
   std::map<const void*, std::weak_ptr<session::impl>> all_sessions;
