@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -18,6 +19,7 @@
 #include "broker/common.hpp"
 #include "detail/minify.hpp"
 #include "detail/simdjson_adapter.hpp"
+#include "detail/string_hash.hpp"
 #include "detail/write_batch.hpp"
 
 namespace amp {
@@ -361,12 +363,15 @@ struct registry::impl : std::enable_shared_from_this<impl> {
     std::uint64_t revision = 0;
     record rec;
   };
+  // Where the sweeper and `async_heartbeat`'s long way run: `broker_config::run`, or a pool
+  // of `workers` threads, made at `open` for the sweeper, else when first needed (`runner`).
   std::shared_ptr<detail::worker_pool> pool;
   executor run;
+  std::size_t workers = 2;
   duration period{};
   std::mutex mu;  // never held across a transport call
   bool stopped = false;
-  std::map<std::string, cached, std::less<>> cache;
+  std::unordered_map<std::string, cached, detail::string_hash, std::equal_to<>> cache;
   time_point next_prune{};
   std::unique_ptr<subscription> cache_watch;
   timer_id timer = 0;
@@ -374,6 +379,17 @@ struct registry::impl : std::enable_shared_from_this<impl> {
   std::uint64_t generation = 0;
 
   ~impl() { shutdown(); }
+
+  executor runner() {
+    std::lock_guard lock(mu);
+    if (!run) {
+      pool = std::make_shared<detail::worker_pool>(workers);
+      run = [weak = std::weak_ptr<detail::worker_pool>(pool)](std::function<void()> work) {
+        if (auto p = weak.lock()) p->post(std::move(work));
+      };
+    }
+    return run;
+  }
 
   void shutdown() {
     std::unique_ptr<subscription> w;
@@ -485,9 +501,7 @@ struct registry::impl : std::enable_shared_from_this<impl> {
       return unexpected(errc::bad_request,
                         fmt::format("slots must be 0..{}, not {}", max_registry_slots, slots));
     }
-    if (load < 0) {
-      return unexpected(errc::bad_request, fmt::format("load must not be negative, not {}", load));
-    }
+    if (load < 0) return negative_load(load);
     auto meta = checked_meta(meta_json);
     if (!meta) return std::move(meta).error();
     record rec{.entry = {.participant = p,
@@ -537,16 +551,15 @@ struct registry::impl : std::enable_shared_from_this<impl> {
     return rec;
   }
 
-  result<registry_entry> heartbeat(const participant_name& p, std::optional<int> load) {
-    if (load && *load < 0) {
-      return unexpected(errc::bad_request, fmt::format("load must not be negative, not {}", *load));
-    }
+  // With `trust_memory`, the first attempt writes on the value remembered, when there is one
+  // that has not run out by the clock (only a read records an expiry): when nothing changed
+  // since, that is the one operation. A `conflict` (someone else wrote it: a refresh, a
+  // registration, an expiry, a leave) reads it.
+  result<registry_entry> heartbeat(const participant_name& p, std::optional<int> load,
+                                   bool trust_memory = true) {
+    if (load && *load < 0) return negative_load(*load);
     auto key = subjects::registry_key(p);
-    // The first attempt writes on the value remembered, when there is one that has not run
-    // out by the clock (only a read records an expiry): when nothing changed since, that
-    // is the one operation. A `conflict` (someone else wrote it: a refresh, a
-    // registration, an expiry, a leave) reads it.
-    auto known = remembered(key, clock->now());
+    auto known = trust_memory ? remembered(key, clock->now()) : std::nullopt;
     for (int i = 0; i < k_attempts; ++i) {
       auto c = known ? result<current>(*std::exchange(known, std::nullopt)) : read_settled(p, key);
       if (!c) {
@@ -564,6 +577,37 @@ struct registry::impl : std::enable_shared_from_this<impl> {
     }
     forget(key);
     return busy(p);
+  }
+
+  static error negative_load(int load) {
+    return error(errc::bad_request, fmt::format("load must not be negative, not {}", load));
+  }
+
+  // `heartbeat`'s first attempt sent without waiting; whatever needs more (nothing
+  // remembered, or the write found the entry changed) runs as `heartbeat` on `run`.
+  void async_heartbeat(const participant_name& p, std::optional<int> load,
+                       completion<registry_entry> done) {
+    if (load && *load < 0) return done(negative_load(*load));
+    auto key = subjects::registry_key(p);
+    auto known = remembered(key, clock->now());
+    auto the_long_way = [self = shared_from_this(), p, load, done](bool trust_memory) {
+      self->runner()(
+          [self, p, load, done, trust_memory] { done(self->heartbeat(p, load, trust_memory)); });
+    };
+    if (!known || !known->rec || !is_up(known->rec->state)) return the_long_way(false);
+    auto rec = refreshed(*std::move(known->rec), load, clock->now());
+    auto value = encode(rec);
+    t->async_kv_update(bucket, key, std::move(value), known->revision, key_ttl(),
+                       [self = shared_from_this(), key, rec = std::move(rec), done,
+                        the_long_way](result<std::uint64_t> rev) {
+                         if (rev) {
+                           self->remember(key, *rev, rec);
+                           return done(rec.entry);
+                         }
+                         if (rev.error().code() == errc::conflict) return the_long_way(false);
+                         self->forget(key);
+                         done(std::move(rev).error());
+                       });
   }
 
   result<void> leave(const participant_name& p) {
@@ -786,6 +830,8 @@ result<std::shared_ptr<registry>> registry::open(std::shared_ptr<transport> t,
   p->ttl = config.registry_ttl;
   p->per_key = t->caps().per_key_ttl && !config.registry_force_sweeper;
   p->t = std::move(t);
+  p->run = config.run;
+  p->workers = config.workers;
   if (!p->per_key) {
     p->period = std::max(k_min_sweep_period, config.registry_ttl / 4);
     p->run = detail::executor_for(config, p->pool);
@@ -803,6 +849,11 @@ result<registry_entry> registry::register_participant(const participant_name& pa
 result<registry_entry> registry::heartbeat(const participant_name& participant,
                                            std::optional<int> load) {
   return impl_->heartbeat(participant, load);
+}
+
+void registry::async_heartbeat(const participant_name& participant, std::optional<int> load,
+                               completion<registry_entry> done) {
+  impl_->async_heartbeat(participant, load, std::move(done));
 }
 
 result<void> registry::leave(const participant_name& participant) {

@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -86,10 +87,10 @@ struct ns_state {
   std::mutex mu;
   std::map<std::string, registry_entry, std::less<>> live;  // participant -> entry
   std::map<const void*, std::weak_ptr<session::impl>> watchers;
-  std::map<const void*, worker> workers;           // every authenticated session
-  std::set<std::string, std::less<>> fetching;     // jobs with a fetch in flight
-  std::set<std::string, std::less<>> retry_armed;  // jobs waiting to fetch again after an error
-  std::uint64_t offers_made = 0;                   // numbers the open offers
+  std::unordered_map<const void*, worker> workers;  // every authenticated session
+  std::set<std::string, std::less<>> fetching;      // jobs with a fetch in flight
+  std::set<std::string, std::less<>> retry_armed;   // jobs waiting to fetch again after an error
+  std::uint64_t offers_made = 0;                    // numbers the open offers
 
   // The other gateways of the namespace and their workers (work_exchange.cpp).
   std::unique_ptr<subscription> work_heard;                // amp.<ns>.ctl.work

@@ -270,8 +270,10 @@ void session::impl::classify(inbound_frame& f) {
   const op_spec* op = find_op(*name);
   if (!op) return;
   f.item.op = op->name;
-  f.item.on_caller = op->on_caller &&
-                     !(op->name == "submit" && !string_or_empty(frame, "idempotency_key").empty());
+  f.item.on_caller =
+      op->on_caller &&
+      !(op->name == "submit" && !string_or_empty(frame, "idempotency_key").empty()) &&
+      !(op->name == "heartbeat" && string_at(frame, "task"));
   auto lane_of = [&](std::string_view member) {
     auto v = string_at(frame, member);
     if (!v) return;
@@ -319,6 +321,15 @@ void session::impl::run(std::vector<inbound_frame> start, bool from_receive) {
 }
 
 bool session::impl::runs_here(const queued_frame& f) {
+  if (f.op == "heartbeat") {
+    std::shared_ptr<detail::ns_state> st;
+    {
+      std::lock_guard lock(mu);
+      if (!ns) return true;  // refused at once
+      st = ns;
+    }
+    return !holds_leases(*st);
+  }
   if (f.op != "complete") return true;
   thread_local dom::parser parser;
   detail::parser_release release(parser);
@@ -461,7 +472,7 @@ std::span<const session::impl::op_spec> session::impl::ops() {
   static constexpr op_spec table[] = {
       {"hello", L::barrier, 0, &impl::on_hello},
       {"register", L::barrier, registry_op_cost, &impl::on_register},
-      {"heartbeat", L::task, 1, &impl::on_heartbeat},
+      {"heartbeat", L::task, 1, &impl::on_heartbeat, true},
       {"who", L::barrier, registry_op_cost, &impl::on_who},
       {"watch", L::barrier, registry_op_cost, &impl::on_watch},
       {"bye", L::barrier, 0, &impl::on_bye},

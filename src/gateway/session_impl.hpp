@@ -184,7 +184,8 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
 
   // Which lane a frame goes to: its op's `lane_rule`; a frame that is not an object with a
   // known op is a barrier. Also whether it may run on the caller's thread: its op's
-  // `on_caller`, but not a submit with an idempotency key (finding its binding blocks).
+  // `on_caller`, but not a submit with an idempotency key (finding its binding blocks) nor a
+  // heartbeat with `task` (extending the lease blocks).
   static void classify(inbound_frame& f);
 
   void receive(std::string_view text);
@@ -195,8 +196,9 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   void run(std::vector<inbound_frame> start, bool from_receive = false);
 
   // Whether an `on_caller` frame may run on the receiving thread after all: not a complete
-  // of a lease whose record this gateway did not write for it (reading the record blocks).
-  // That runs on the executor, within the session's share of its threads.
+  // of a lease whose record this gateway did not write for it (reading the record blocks),
+  // nor a heartbeat of a session holding leases (extending them blocks). Those run on the
+  // executor, within the session's share of its threads.
   bool runs_here(const queued_frame& f);
 
   // Runs `f` through `process`; lets the frames waiting for it go when its answer is out.
@@ -315,7 +317,18 @@ struct session::impl : std::enable_shared_from_this<session::impl> {
   // Refreshes the entry; one that expired while this session stayed registered comes back.
   void refresh_entry(const identity& me, const std::shared_ptr<detail::ns_state>& st);
 
+  // The entry of a session that stayed registered, registered again (it expired). Blocks.
+  void register_again(const identity& me, const std::shared_ptr<detail::ns_state>& st);
+
+  // Whether this session holds leases (a heartbeat extends them, which blocks).
+  bool holds_leases(detail::ns_state& st);
+
   void on_heartbeat(request& rq);
+
+  // A heartbeat of a session holding no lease: refreshes the entry without waiting, then
+  // answers `{"leases":[]}` from the backend's answer (on its thread).
+  void heartbeat_alone(const request& rq, std::shared_ptr<const identity> me,
+                       std::shared_ptr<detail::ns_state> st);
 
   void on_who(request& rq);
 

@@ -21,7 +21,11 @@ int session::impl::load_of(const identity& me, detail::ns_state& st) {
 
 void session::impl::remember_entry(detail::ns_state& st, const registry_entry& e) {
   std::lock_guard lock(st.mu);
-  st.live.insert_or_assign(std::string(e.participant.view()), e);
+  if (auto it = st.live.find(e.participant.view()); it != st.live.end()) {
+    it->second = e;
+  } else {
+    st.live.emplace(std::string(e.participant.view()), e);
+  }
 }
 
 void session::impl::on_register(request& rq) {
@@ -79,9 +83,13 @@ void session::impl::refresh_entry(const identity& me, const std::shared_ptr<deta
   auto refreshed = gw->timed([&] { return st->b->registry().heartbeat(me.participant, load); });
   if (refreshed) {
     remember_entry(*st, *refreshed);
-    return;
+  } else if (refreshed.error().code() == errc::not_found) {
+    register_again(me, st);
   }
-  if (refreshed.error().code() != errc::not_found) return;
+}
+
+void session::impl::register_again(const identity& me,
+                                   const std::shared_ptr<detail::ns_state>& st) {
   std::vector<job_name> jobs;
   int slots = 0;
   std::string meta;
@@ -95,7 +103,8 @@ void session::impl::refresh_entry(const identity& me, const std::shared_ptr<deta
     meta = w.meta;
   }
   auto entry = gw->timed([&] {
-    return st->b->registry().register_participant(me.participant, jobs, slots, meta, load);
+    return st->b->registry().register_participant(me.participant, jobs, slots, meta,
+                                                  load_of(me, *st));
   });
   if (entry) {
     remember_entry(*st, *entry);
@@ -103,13 +112,46 @@ void session::impl::refresh_entry(const identity& me, const std::shared_ptr<deta
   }
 }
 
+bool session::impl::holds_leases(detail::ns_state& st) {
+  std::lock_guard lock(st.mu);
+  auto it = st.workers.find(this);
+  return it != st.workers.end() && !it->second.leases.empty();
+}
+
+void session::impl::heartbeat_alone(const request& rq, std::shared_ptr<const identity> me,
+                                    std::shared_ptr<detail::ns_state> st) {
+  // The answer does not depend on the refresh: like a blocking heartbeat's, it is ok when
+  // the backend could not refresh the entry (it then expires, and watchers see it go).
+  auto answer = [self = shared_from_this(), rq = later(rq)] {
+    self->reply_members(rq, R"({"leases":[]})");
+  };
+  auto load = load_of(*me, *st);
+  st->b->registry().async_heartbeat(
+      me->participant, load,
+      [self = shared_from_this(), me, st, answer = std::move(answer),
+       started = std::chrono::steady_clock::now()](result<registry_entry> refreshed) {
+        self->gw->metrics.backend(seconds_since(started));
+        if (refreshed) {
+          self->remember_entry(*st, *refreshed);
+        } else if (refreshed.error().code() == errc::not_found) {
+          return self->gw->post([self, me, st, answer] {
+            self->register_again(*me, st);
+            answer();
+          });
+        }
+        answer();
+      });
+}
+
 void session::impl::on_heartbeat(request& rq) {
   auto here = who();
   const identity& me = *here.first;
   auto& st = here.second;
+  auto one = string_at(rq.frame, "task");
+  if (!one && !holds_leases(*st)) return heartbeat_alone(rq, here.first, st);
   refresh_entry(me, st);
-  if (auto task = string_at(rq.frame, "task")) {
-    auto t = task_id::make(*task).value();
+  if (one) {
+    auto t = task_id::make(*one).value();
     auto l =
         gw->timed([&] { return st->b->jobs().heartbeat(t, me.participant, attempt_of(rq.frame)); });
     if (!l) {

@@ -9,9 +9,10 @@
 // What is sent, headers `Amp-Peer` (the sender's id) and `Amp-Event`:
 // - `workers`: `{"seq","hello":bool,"workers":[{"key","who","jobs","slots","busy"}…],
 //   "gone":[key…]}`,
-//   the workers that changed (or all of them, at most 500 a message). `hello` (the first
-//   worker registered here; in the first message of all of them) replaces what the others
-//   knew of this gateway and asks them for all of theirs. `seq` numbers the tellings of the
+//   the workers that changed (or all of them, at most 500 a message): sessions registered
+//   for a job with a slot (one with 0 slots or no job gets no offer, and is not told).
+//   `hello` (the first such worker here; in the first message of all of them) replaces what the
+//   others knew of this gateway and asks them for all of theirs. `seq` numbers the tellings of the
 //   sender in the order it made them: they may be sent in another order (from two threads),
 //   and what a worker's entry says is taken only from a telling newer than the one it came
 //   from.
@@ -64,10 +65,16 @@ result<void> say(transport& backend, std::string subject, std::string_view id,
                                            {std::string(k_event_header), std::string(event)}}});
 }
 
-// Whether any session of `st` is registered. `st.mu` held.
-bool any_registered(const detail::ns_state& st) {
+// Whether a session could take an offer, and so is told to the others: registered for a
+// job with a slot (a presence-only registration, 0 slots or no job, never gets one).
+bool offerable(const detail::worker& w) {
+  return w.registered && w.slots > 0 && !w.jobs.empty();
+}
+
+// Whether any session of `st` could take an offer. `st.mu` held.
+bool any_offerable(const detail::ns_state& st) {
   return std::any_of(st.workers.begin(), st.workers.end(),
-                     [](const auto& w) { return w.second.registered; });
+                     [](const auto& w) { return offerable(w.second); });
 }
 
 std::string worker_key(const void* key) {
@@ -159,7 +166,7 @@ std::vector<std::string> workers_news(ns_state& st, bool all, bool hello) {
   begin();
   std::map<const void*, told_worker> now;
   for (const auto& [key, wk] : st.workers) {
-    if (!wk.registered) continue;
+    if (!offerable(wk)) continue;
     told_worker t{.jobs = wk.jobs, .slots = wk.slots, .busy = wk.busy()};
     auto before = st.told.find(key);
     const bool changed = before == st.told.end() || !(before->second == t);
@@ -286,7 +293,7 @@ void gateway::impl::workers_changed(const std::shared_ptr<detail::ns_state>& st,
     std::lock_guard lock(st->mu);
     st->tell_all = st->tell_all || all;
     if (st->telling) return;
-    const bool any = any_registered(*st);
+    const bool any = any_offerable(*st);
     if (any == st->announced && (!any || (st->peers.empty() && !st->tell_all))) return;
     st->telling = true;
     now = now || any != st->announced;
@@ -309,7 +316,7 @@ void gateway::impl::tell_workers(const std::shared_ptr<detail::ns_state>& st) {
   {
     std::lock_guard lock(st->mu);
     st->telling = false;
-    const bool any = any_registered(*st);
+    const bool any = any_offerable(*st);
     const bool everyone = std::exchange(st->tell_all, false);
     if (!any) {
       if (!st->announced) return;

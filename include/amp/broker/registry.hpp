@@ -147,6 +147,15 @@ class registry {
   result<registry_entry> heartbeat(const participant_name& participant,
                                    std::optional<int> load = std::nullopt);
 
+  /// `heartbeat` without blocking the caller: when the entry is as this registry object
+  /// last wrote or saw it and has not run out by the clock, its one compare-and-set is sent
+  /// at once and `done` runs on the transport's thread that has the answer (on the memory
+  /// transport, on this thread before the call returns); otherwise, or when that write finds
+  /// the entry changed, `heartbeat` runs on the registry's executor (`broker_config::run`)
+  /// and `done` there. Results and errors are `heartbeat`'s. `done` must not block.
+  void async_heartbeat(const participant_name& participant, std::optional<int> load,
+                       completion<registry_entry> done);
+
   /// Removes the participant's entry (spec `bye`): watchers see it `down`, `left` (or
   /// `expired` if it had run out before it left). Succeeds when there is no live entry
   /// (nothing to remove, no event).

@@ -7,8 +7,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <future>
 #include <latch>
 #include <map>
 #include <memory>
@@ -110,6 +112,21 @@ struct logged_key {
   std::string key;
   std::shared_ptr<kv_op_log> log;
 };
+
+// `async_heartbeat`, waited for; fails the test when `done` is not called exactly once.
+result<registry_entry> async_heartbeat(registry& reg, const participant_name& p,
+                                       std::optional<int> load = std::nullopt) {
+  auto calls = std::make_shared<std::atomic<int>>(0);
+  auto got = std::make_shared<std::promise<result<registry_entry>>>();
+  auto answer = got->get_future();
+  reg.async_heartbeat(p, load, [calls, got](result<registry_entry> r) {
+    if (calls->fetch_add(1) == 0) got->set_value(std::move(r));
+  });
+  REQUIRE(answer.wait_for(10s) == std::future_status::ready);
+  auto r = answer.get();
+  CHECK(calls->load() == 1);
+  return r;
+}
 
 constexpr auto up = presence_state::up;
 constexpr auto down = presence_state::down;
@@ -651,26 +668,83 @@ TEST_CASE("registry: after a heartbeat whose answer was lost the next one refres
   auto cfg = config_for(*fx);
   cfg.registry_ttl = fx->real_time() ? 3s : 30s;
   cfg.registry_force_sweeper = GENERATE(false, true);
+  const bool waiting = GENERATE(true, false);  // heartbeat, or async_heartbeat
   auto t = std::make_shared<faulty_transport>(fx->shared_transport());
   auto w = pname("w1");
   auto reg = must(registry::open(t, cfg));
   must(reg->register_participant(w, {}, 2, "{}"));
+  auto beat = [&](std::optional<int> load = std::nullopt) {
+    return waiting ? reg->heartbeat(w, load) : async_heartbeat(*reg, w, load);
+  };
 
   // The write lands, but its answer is lost.
   t->hold_updates([&](std::string_view k) { return k == subjects::registry_key(w); });
   fx->advance(cfg.registry_ttl / 4);
-  CHECK(code_of(reg->heartbeat(w, 1)) == errc::unavailable);
+  CHECK(code_of(beat(1)) == errc::unavailable);
   CHECK(t->land_held() == 1);
   CHECK(must(reg->get(w))->load == 1);
 
   fx->advance(cfg.registry_ttl / 4);
-  auto hb = must(reg->heartbeat(w));
+  auto hb = must(beat());
   CHECK(hb.load == 1);
   CHECK(must(reg->get(w)) == hb);
   fx->advance(cfg.registry_ttl / 4);
-  auto again = must(reg->heartbeat(w, 2));
+  auto again = must(beat(2));
   CHECK(again.expires_at > hb.expires_at);
   CHECK(must(reg->get(w)) == again);
+}
+
+TEST_CASE("registry: async_heartbeat refreshes like heartbeat, one write when nothing changed",
+          "[registry]") {
+  auto fx = make_fixture();
+  auto cfg = config_for(*fx);
+  cfg.registry_ttl = fx->real_time() ? 3s : 30s;
+  cfg.registry_force_sweeper = GENERATE(false, true);
+  logged_key k(*fx, cfg, "w1");
+  auto& [t, w, bucket, key, log] = k;
+  auto one = must(registry::open(t, cfg));
+  auto two = must(registry::open(t, cfg));  // another gateway's
+
+  CHECK(code_of(async_heartbeat(*one, w)) == errc::not_found);  // never registered
+  auto last = must(one->register_participant(w, {jname("resize")}, 4, "{}", 1));
+  fx->advance(cfg.registry_ttl / 4);
+  log->take();
+  auto hb = must(async_heartbeat(*one, w, 2));
+  CHECK(log->take() == ops{"kv_update"});
+  CHECK(hb.updated_at > last.updated_at);
+  CHECK(hb.expires_at - hb.updated_at == cfg.registry_ttl);
+  CHECK(hb.load == 2);
+  CHECK(hb.jobs == last.jobs);
+  CHECK(must(one->get(w)) == hb);
+
+  // Written by another registry since: the write finds that out, and the heartbeat goes on
+  // by reading, keeping both loads.
+  CHECK(must(two->heartbeat(w, 3)).load == 5);
+  fx->advance(cfg.registry_ttl / 4);
+  log->take();
+  hb = must(async_heartbeat(*one, w, 1));
+  CHECK(hb.load == 4);
+  auto seen = log->take();
+  if (one->uses_sweeper()) {
+    CHECK((seen == ops{"kv_update"} || seen == ops{"kv_update", "kv_get", "kv_update"}));
+  } else {
+    CHECK(seen == ops{"kv_update", "kv_get", "kv_update"});
+  }
+  CHECK(must(two->get(w)) == hb);
+
+  // Bad input changes nothing.
+  auto before = must(fx->transport().kv_get(bucket, key));
+  log->take();
+  auto bad = async_heartbeat(*one, w, -1);
+  CHECK(code_of(bad) == errc::bad_request);
+  CHECK_THAT(text_of(bad), Catch::Contains("load must not be negative, not -1"));
+  CHECK(log->take().empty());
+  CHECK(must(fx->transport().kv_get(bucket, key)).revision == before.revision);
+
+  must(two->leave(w));
+  auto gone = async_heartbeat(*one, w);
+  CHECK(code_of(gone) == errc::not_found);
+  CHECK_THAT(text_of(gone), Catch::Contains("left"));
 }
 
 }  // namespace amp::broker_testing

@@ -78,7 +78,7 @@ TEST_CASE("only ops that never wait for the backend run on the thread that recei
     if (op.on_caller) on_caller.insert(op.name);
   }
   CHECK(on_caller == std::set<std::string_view>{"ack", "nack", "submit", "claim", "complete",
-                                                "send", "publish"});
+                                                "send", "publish", "heartbeat"});
   auto classified = [](std::string text) {
     impl::inbound_frame f{
         .item = {.text = std::move(text)}, .barrier = true, .lane = {}, .bytes = 0};
@@ -88,6 +88,7 @@ TEST_CASE("only ops that never wait for the backend run on the thread that recei
   CHECK(classified(R"({"op":"claim","task":"t1"})"));
   CHECK(classified(R"({"op":"ack","seq":1})"));
   CHECK_FALSE(classified(R"({"op":"heartbeat","task":"t1"})"));
+  CHECK(classified(R"({"op":"heartbeat"})"));
   CHECK(classified(R"({"op":"submit","job":"j"})"));
   CHECK_FALSE(classified(R"({"op":"submit","job":"j","idempotency_key":"k"})"));
   CHECK(classified(R"({"op":"send","to":"bob"})"));

@@ -1142,6 +1142,86 @@ TEST_CASE("claiming and completing an offered task are answered on the receiving
   CHECK(notice->str("/envelope/type") == "amp.task.completed");
 }
 
+TEST_CASE("a heartbeat is answered on the receiving thread unless it extends leases", "[session]") {
+  lifo_executor pool;
+  gateway_rig rig({}, 4u << 20, pool.run());
+  auto worker = connect_through(pool, rig, "w1");
+  auto producer = connect_through(pool, rig, "prod");
+  worker.send(R"({"op":"register","id":"r","jobs":["j"],"slots":1})");
+  pool.drain();
+  REQUIRE(ids_of(worker, "ok") == std::vector<std::string>{"\"r\""});
+  worker.seen.clear();
+  auto expires_at = [&] {
+    producer.send(R"({"op":"who","id":"who"})");
+    pool.drain();
+    auto who = producer.next("ok");
+    REQUIRE(who);
+    producer.seen.clear();
+    return who->str("/participants/0/expires_at");
+  };
+  auto registered_until = expires_at();
+
+  // Holding no lease: refreshed and answered before receive returns, nothing on the executor.
+  rig.clock->advance(5s);
+  pool.drain();
+  worker.send(R"({"op":"heartbeat","id":1})");
+  CHECK(pool.queue->size() == 0);
+  auto hb = worker.next("ok");
+  REQUIRE(hb);
+  CHECK(hb->raw("/leases") == "[]");
+  CHECK(expires_at() > registered_until);
+  worker.seen.clear();
+
+  // Holding a lease, the heartbeat extends it, which waits for the backend: on the executor.
+  producer.send(R"({"op":"submit","id":2,"job":"j","body":1})");
+  pool.drain();
+  auto offer = worker.next("offer");
+  REQUIRE(offer);
+  auto task = offer->str("/task");
+  worker.send(R"({"op":"claim","id":3,"task":")" + task + "\"}");
+  CHECK(ids_of(worker, "ok") == std::vector<std::string>{"3"});
+  worker.seen.clear();
+  worker.send(R"({"op":"heartbeat","id":4})");
+  CHECK(pool.queue->size() == 1);
+  CHECK(ids_of(worker, "ok").empty());
+  pool.drain();
+  hb = worker.next("ok");
+  REQUIRE(hb);
+  CHECK(hb->str("/leases/0/task") == task);
+}
+
+TEST_CASE("a heartbeat brings back an entry that expired while its session stayed registered",
+          "[session]") {
+  lifo_executor pool;
+  gateway_rig rig({}, 4u << 20, pool.run());
+  auto worker = connect_through(pool, rig, "w1");
+  auto other = connect_through(pool, rig, "w2");
+  worker.send(R"({"op":"register","id":"r","jobs":["j"],"slots":1})");
+  other.send(R"({"op":"heartbeat","id":"h"})");  // never registered: nothing to refresh
+  pool.drain();
+  REQUIRE(ids_of(worker, "ok") == std::vector<std::string>{"\"r\""});
+  REQUIRE(ids_of(other, "ok") == std::vector<std::string>{"\"h\""});
+  other.seen.clear();
+  rig.clock->advance(31s);  // past registry_ttl_s (30)
+  pool.drain();
+  other.send(R"({"op":"who","id":"who"})");
+  pool.drain();
+  auto who = other.next("ok");
+  REQUIRE(who);
+  CHECK(who->raw("/participants") == "[]");
+  other.seen.clear();
+
+  worker.send(R"({"op":"heartbeat","id":1})");
+  pool.drain();
+  CHECK(ids_of(worker, "ok") == std::vector<std::string>{"\"r\"", "1"});
+  other.send(R"({"op":"who","id":"who"})");
+  pool.drain();
+  who = other.next("ok");
+  REQUIRE(who);
+  CHECK(who->str("/participants/0/participant") == "w1");
+  CHECK(who->raw("/participants/1") == "<absent>");
+}
+
 TEST_CASE("one session has at most a quarter of the executor's threads, however many frames",
           "[session]") {
   lifo_executor pool;

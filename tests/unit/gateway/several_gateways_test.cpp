@@ -302,3 +302,42 @@ TEST_CASE("a gateway tells the changes of its workers together, once per interva
   one.clock->advance(k_tell_after);
   CHECK(told.size() == 2);  // nothing changed since
 }
+
+TEST_CASE("a gateway tells only workers that could take an offer, and bye when none is left",
+          "[session][several]") {
+  gateway_rig one;
+  std::vector<std::string> told;
+  auto sub = must(one.backend->subscribe_core(
+      subjects::work_control_subject(namespace_name::make("demo").value()), [&](const message& m) {
+        if (find_header(m.headers, "Amp-Peer") != "0123456789abcdef") {
+          told.push_back(std::string(find_header(m.headers, "Amp-Event").value_or("")) + " " +
+                         m.data);
+        }
+      }));
+  // Present, but never offered work: 0 slots, or no job. Nothing to tell, not even every
+  // refresh interval.
+  auto idle = one.connect("idle");
+  auto jobless = one.connect("jobless");
+  REQUIRE(idle.request(R"({"op":"register","id":1,"jobs":["resize"],"slots":0})", "1").op() ==
+          "ok");
+  REQUIRE(jobless.request(R"({"op":"register","id":1,"jobs":[],"slots":4})", "1").op() == "ok");
+  one.clock->advance(6s);
+  say(one, "workers",
+      R"({"seq":1,"hello":true,"workers":[{"key":"k","who":"far","jobs":["other"],"slots":1,"busy":0}],"gone":[]})");
+  one.clock->advance(6s);
+  CHECK(told.empty());
+
+  // A worker: told at once (the hello of this gateway); when it registers again with no
+  // slot, the last worker here is gone: bye.
+  auto w = one.connect("w");
+  REQUIRE(w.request(R"({"op":"register","id":1,"jobs":["resize"],"slots":2})", "1").op() == "ok");
+  REQUIRE(told.size() == 1);
+  CHECK(told[0].starts_with("workers "));
+  CHECK(told[0].find(R"("who":"w")") != std::string::npos);
+  CHECK(told[0].find(R"("who":"idle")") == std::string::npos);
+  CHECK(told[0].find(R"("who":"jobless")") == std::string::npos);
+  REQUIRE(w.request(R"({"op":"register","id":2,"jobs":["resize"],"slots":0})", "2").op() == "ok");
+  one.clock->advance(k_tell_after);
+  REQUIRE(told.size() == 2);
+  CHECK(told[1] == "bye ");
+}
