@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -363,11 +364,11 @@ struct registry::impl : std::enable_shared_from_this<impl> {
     std::uint64_t revision = 0;
     record rec;
   };
-  // Where the sweeper and `async_heartbeat`'s long way run: `broker_config::run`, or a pool
-  // of `workers` threads, made at `open` for the sweeper, else when first needed (`runner`).
+  // Where the sweeper and `async_heartbeat`'s long way run: `config.run`, or a pool of
+  // `config.workers` threads, made at `open` for the sweeper, else when first needed (`runner`).
+  std::optional<broker_config> config;  // set by `open`
   std::shared_ptr<detail::worker_pool> pool;
   executor run;
-  std::size_t workers = 2;
   duration period{};
   std::mutex mu;  // never held across a transport call
   bool stopped = false;
@@ -382,12 +383,7 @@ struct registry::impl : std::enable_shared_from_this<impl> {
 
   executor runner() {
     std::lock_guard lock(mu);
-    if (!run) {
-      pool = std::make_shared<detail::worker_pool>(workers);
-      run = [weak = std::weak_ptr<detail::worker_pool>(pool)](std::function<void()> work) {
-        if (auto p = weak.lock()) p->post(std::move(work));
-      };
-    }
+    if (!run) run = detail::executor_for(*config, pool);
     return run;
   }
 
@@ -590,11 +586,10 @@ struct registry::impl : std::enable_shared_from_this<impl> {
     if (load && *load < 0) return done(negative_load(*load));
     auto key = subjects::registry_key(p);
     auto known = remembered(key, clock->now());
-    auto the_long_way = [self = shared_from_this(), p, load, done](bool trust_memory) {
-      self->runner()(
-          [self, p, load, done, trust_memory] { done(self->heartbeat(p, load, trust_memory)); });
+    auto the_long_way = [self = shared_from_this(), p, load, done] {
+      self->runner()([self, p, load, done] { done(self->heartbeat(p, load, false)); });
     };
-    if (!known || !known->rec || !is_up(known->rec->state)) return the_long_way(false);
+    if (!known || !known->rec || !is_up(known->rec->state)) return the_long_way();
     auto rec = refreshed(*std::move(known->rec), load, clock->now());
     auto value = encode(rec);
     t->async_kv_update(bucket, key, std::move(value), known->revision, key_ttl(),
@@ -604,7 +599,7 @@ struct registry::impl : std::enable_shared_from_this<impl> {
                            self->remember(key, *rev, rec);
                            return done(rec.entry);
                          }
-                         if (rev.error().code() == errc::conflict) return the_long_way(false);
+                         if (rev.error().code() == errc::conflict) return the_long_way();
                          self->forget(key);
                          done(std::move(rev).error());
                        });
@@ -830,11 +825,11 @@ result<std::shared_ptr<registry>> registry::open(std::shared_ptr<transport> t,
   p->ttl = config.registry_ttl;
   p->per_key = t->caps().per_key_ttl && !config.registry_force_sweeper;
   p->t = std::move(t);
+  p->config = config;
   p->run = config.run;
-  p->workers = config.workers;
   if (!p->per_key) {
     p->period = std::max(k_min_sweep_period, config.registry_ttl / 4);
-    p->run = detail::executor_for(config, p->pool);
+    p->runner();  // the sweeper runs there
     if (auto r = p->start_sweeper(); !r) return std::move(r).error();
   }
   return std::shared_ptr<registry>(new registry(std::move(p)));
